@@ -1,0 +1,34 @@
+//! The application state every handler and background job shares.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+/// Everything a request needs: the database, the one clock, and the metrics registry.
+/// Cheap to clone (handlers receive it as `State<Arc<App>>`).
+pub struct App {
+    pub store: Store,
+    pub clock: Clock,
+    pub metrics: Metrics,
+    /// Where the server keeps its files (SQLite database, admin key).
+    pub data_dir: PathBuf,
+}
+
+impl App {
+    pub fn new(store: Store, clock: Clock, data_dir: PathBuf) -> Arc<App> {
+        Arc::new(App {
+            store,
+            clock,
+            metrics: Metrics::new(),
+            data_dir,
+        })
+    }
+
+    /// Now, in epoch milliseconds, from the one clock.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+}

@@ -1,0 +1,160 @@
+//! The `orl` command-line client: every command is one API call, shown as a table (or as
+//! the API's JSON with `--json`).
+
+mod client;
+mod render;
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+pub use client::Client;
+
+/// Where and as whom the client talks to the server.
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// Base URL of the orl server.
+    #[arg(long, global = true, env = "ORL_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// API key (`or_…`).
+    #[arg(long, global = true, env = "ORL_KEY", hide_env_values = true)]
+    pub key: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// Orgs (platform admins create them).
+    #[command(subcommand)]
+    Orgs(OrgsCommand),
+    /// API keys of an org.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Provider nodes and their inventory.
+    #[command(subcommand)]
+    Nodes(NodesCommand),
+    /// The audit trail, newest first.
+    Audit {
+        #[arg(long)]
+        org: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OrgsCommand {
+    Create {
+        id: String,
+        #[arg(long)]
+        name: String,
+    },
+    Get {
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key; its secret is printed once.
+    Create {
+        org: String,
+        #[arg(long)]
+        name: Option<String>,
+        /// admin, operator, provider, member or viewer.
+        #[arg(long, conflicts_with = "permissions")]
+        role: Option<String>,
+        /// Explicit permissions instead of a role, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        permissions: Option<Vec<String>>,
+        /// The key is an automated caller acting for a person.
+        #[arg(long)]
+        agent: bool,
+    },
+    List {
+        org: String,
+    },
+    Revoke {
+        org: String,
+        key_id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodesCommand {
+    /// Register a node or replace its inventory from a JSON file (`-` for stdin).
+    Put {
+        org: String,
+        node_id: String,
+        #[arg(long)]
+        file: PathBuf,
+    },
+    List {
+        org: String,
+    },
+    Get {
+        node_id: String,
+    },
+}
+
+pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()> {
+    let client = Client::new(&conn.url, conn.key.as_deref())?;
+    let (value, view): (Value, fn(&Value) -> String) = match command {
+        ClientCommand::Orgs(OrgsCommand::Create { id, name }) => {
+            (client.post("/v1/orgs", &json!({ "id": id, "name": name })).await?, render::object)
+        }
+        ClientCommand::Orgs(OrgsCommand::Get { id }) => {
+            (client.get(&format!("/v1/orgs/{id}")).await?, render::object)
+        }
+        ClientCommand::Keys(KeysCommand::Create { org, name, role, permissions, agent }) => {
+            let body = json!({ "name": name, "role": role, "permissions": permissions, "agent": agent });
+            let body = render::without_nulls(body);
+            (client.post(&format!("/v1/orgs/{org}/api-keys"), &body).await?, render::object)
+        }
+        ClientCommand::Keys(KeysCommand::List { org }) => {
+            (client.get(&format!("/v1/orgs/{org}/api-keys")).await?, render::keys)
+        }
+        ClientCommand::Keys(KeysCommand::Revoke { org, key_id }) => {
+            client.delete(&format!("/v1/orgs/{org}/api-keys/{key_id}")).await?;
+            (json!({ "revoked": key_id }), render::object)
+        }
+        ClientCommand::Nodes(NodesCommand::Put { org, node_id, file }) => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?
+            };
+            let body: Value = serde_json::from_str(&text).context("the inventory file is not JSON")?;
+            let path = format!("/v1/orgs/{org}/provider/nodes/{node_id}");
+            (client.put(&path, &body).await?, render::node)
+        }
+        ClientCommand::Nodes(NodesCommand::List { org }) => {
+            (client.get(&format!("/v1/orgs/{org}/provider/nodes")).await?, render::nodes)
+        }
+        ClientCommand::Nodes(NodesCommand::Get { node_id }) => {
+            (client.get(&format!("/v1/nodes/{node_id}")).await?, render::node)
+        }
+        ClientCommand::Audit { org, limit, cursor } => {
+            let mut path = format!("/v1/audit?limit={limit}");
+            if let Some(org) = org {
+                path.push_str(&format!("&orgId={org}"));
+            }
+            if let Some(cursor) = cursor {
+                path.push_str(&format!("&cursor={cursor}"));
+            }
+            (client.get(&path).await?, render::audit)
+        }
+    };
+    if conn.json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        println!("{}", view(&value));
+    }
+    Ok(())
+}

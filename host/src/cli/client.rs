@@ -1,0 +1,65 @@
+//! A thin HTTP client that turns the API's error envelope into a readable error.
+
+use anyhow::{Context as _, anyhow};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    key: Option<String>,
+}
+
+impl Client {
+    pub fn new(base: &str, key: Option<&str>) -> anyhow::Result<Client> {
+        Ok(Client {
+            http: reqwest::Client::builder().build()?,
+            base: base.trim_end_matches('/').to_string(),
+            key: key.map(str::to_string),
+        })
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.send(Method::POST, path, Some(body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.send(Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(Method::DELETE, path, None).await
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self.http.request(method, &url);
+        if let Some(key) = &self.key {
+            request = request.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.with_context(|| format!("calling {url}"))?;
+        let status = response.status();
+        if status == StatusCode::NO_CONTENT {
+            return Ok(Value::Null);
+        }
+        let value: Value = response.json().await.with_context(|| format!("reading the answer of {url}"))?;
+        if status.is_success() {
+            return Ok(value);
+        }
+        let error = &value["error"];
+        Err(anyhow!(
+            "{} {}: {}{}",
+            status.as_u16(),
+            error["code"].as_str().unwrap_or("ERROR"),
+            error["message"].as_str().unwrap_or("(no message)"),
+            error.get("details").map(|d| format!(" {d}")).unwrap_or_default()
+        ))
+    }
+}

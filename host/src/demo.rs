@@ -1,0 +1,115 @@
+//! `orl serve --demo`: a provider with four NVLink nodes of eight H100s, a tenant, keys, and
+//! `curl` commands that work as printed. Seeding is idempotent; the keys are created once and
+//! kept (mode 0600) in the data directory so a restart prints the same ones.
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use crate::iam::keys;
+use crate::iam::{Principal, Role, orgs};
+use crate::inventory::nodes;
+use crate::inventory::{DeviceClass, HostResources, NodeInventory, Unit, UnitClass};
+use crate::serve::write_private_file;
+use crate::App;
+
+pub const PROVIDER_ORG: &str = "acme-gpu";
+pub const TENANT_ORG: &str = "tenant-a";
+
+#[derive(Serialize, Deserialize)]
+struct DemoKeys {
+    provider: String,
+    tenant: String,
+}
+
+/// The inventory of demo node `n`: 8 H100 (two NVLink domains of 4), 224 vCPU, 2 TiB.
+pub fn h100_node(n: usize) -> NodeInventory {
+    NodeInventory {
+        region: Some("eu-west-1".into()),
+        host: HostResources {
+            vcpu: 224,
+            memory_gib: 2048,
+            hugepages_1gi: 1024,
+        },
+        units: (0..8)
+            .map(|g| Unit {
+                id: format!("h100-{n}-gpu{g}"),
+                class: UnitClass::VfioGroup,
+                device_class: DeviceClass::Gpu,
+                model: "H100-SXM5-80GB".into(),
+                memory_gib: 80,
+                nvlink_domain: Some(format!("nvl{}", g / 4)),
+                sellable: true,
+            })
+            .collect(),
+    }
+}
+
+pub async fn seed_and_print(app: &App, addr: SocketAddr, admin_key: Option<&str>) -> anyhow::Result<()> {
+    let system = Principal::system();
+    for (id, name) in [(PROVIDER_ORG, "Acme GPU Cloud"), (TENANT_ORG, "Tenant A")] {
+        if orgs::find(app.store.pool(), id).await?.is_none() {
+            let new = orgs::NewOrg { id: id.into(), name: name.into() };
+            orgs::create(app, &system, new).await?;
+        }
+    }
+    for n in 1..=4 {
+        nodes::register(app, &system, PROVIDER_ORG, &format!("h100-{n}"), h100_node(n)).await?;
+    }
+    let path = app.data_dir.join("demo-keys.json");
+    let keys = match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text).context("reading demo-keys.json")?,
+        Err(_) => {
+            let keys = DemoKeys {
+                provider: create_key(app, PROVIDER_ORG, "demo provider", Role::Provider).await?,
+                tenant: create_key(app, TENANT_ORG, "demo tenant", Role::Member).await?,
+            };
+            write_private_file(&path, &serde_json::to_string_pretty(&keys)?)?;
+            keys
+        }
+    };
+    let admin = admin_key.unwrap_or("$ORL_ADMIN_KEY");
+    let url = format!("http://{addr}");
+    println!(
+        r#"
+orl demo: provider org {PROVIDER_ORG} with nodes h100-1..h100-4 (8 x H100, NVLink domains nvl0/nvl1), tenant org {TENANT_ORG}.
+
+  admin key (ops):      {admin}
+  provider key:         {provider}
+  tenant key:           {tenant}
+
+Try:
+  # the provider's nodes
+  curl -s -H 'Authorization: Bearer {provider}' {url}/v1/orgs/{PROVIDER_ORG}/provider/nodes
+  # re-send a node's inventory unchanged: same topologyGen
+  curl -s -X PUT -H 'Authorization: Bearer {provider}' -H 'Content-Type: application/json' \
+       -d '{inventory}' {url}/v1/orgs/{PROVIDER_ORG}/provider/nodes/h100-1
+  # a tenant cannot see the provider's node: 404, not 403
+  curl -s -H 'Authorization: Bearer {tenant}' {url}/v1/nodes/h100-1
+  # the audit trail (ops)
+  curl -s -H 'Authorization: Bearer {admin}' '{url}/v1/audit?limit=5'
+  # the API description
+  curl -s {url}/openapi.json | head -c 300; echo
+"#,
+        provider = keys.provider,
+        tenant = keys.tenant,
+        inventory = inventory_json(1),
+    );
+    Ok(())
+}
+
+fn inventory_json(n: usize) -> String {
+    let inv = h100_node(n);
+    serde_json::json!({ "region": inv.region, "host": inv.host, "units": inv.units }).to_string()
+}
+
+async fn create_key(app: &App, org: &str, name: &str, role: Role) -> anyhow::Result<String> {
+    let new = keys::NewKey {
+        name: Some(name.into()),
+        role: Some(role),
+        ..Default::default()
+    };
+    Ok(keys::create(app, &Principal::system(), org, new).await?.key)
+}
+

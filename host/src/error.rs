@@ -1,0 +1,62 @@
+//! The one error type. Domain code returns [`Error`]; [`crate::api::error`] is the one place
+//! that turns it into the `{"error": {"code", "message", "details"?}}` envelope.
+
+use serde_json::Value;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The object does not exist, or the caller may not know that it does.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request is malformed or breaks a rule of the domain; `field` names the input.
+    #[error("{message}")]
+    InvalidInput {
+        message: String,
+        field: Option<String>,
+    },
+    /// No credentials, or credentials that do not authenticate.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The request collides with the current state of an object.
+    #[error("{message}")]
+    Conflict {
+        message: String,
+        details: Option<Value>,
+    },
+    /// The request body is larger than the endpoint accepts.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// A fault of the server or its database; the message is logged, not shown.
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl Error {
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        Error::NotFound(format!("{what} not found"))
+    }
+
+    /// Invalid input for `field`: the message says what is wrong with it.
+    pub fn invalid(field: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        let field = field.into();
+        Error::InvalidInput {
+            message: format!("{field}: {message}"),
+            field: Some(field),
+        }
+    }
+
+    pub fn conflict(message: impl Into<String>, details: Option<Value>) -> Self {
+        Error::Conflict {
+            message: message.into(),
+            details,
+        }
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(err: sqlx::Error) -> Self {
+        Error::Internal(anyhow::Error::new(err).context("database"))
+    }
+}

@@ -1,0 +1,24 @@
+//! orl: a GPU capacity platform whose policies are WebAssembly.
+//!
+//! The crate is both the server (`orl serve`) and the command-line client. Each module is
+//! one concern: domain rules are plain functions with no I/O, storage lives beside them in
+//! a `store` submodule, and the HTTP surfaces in [`api`] stay thin.
+
+pub mod api;
+pub mod app;
+pub mod audit;
+pub mod cli;
+pub mod clock;
+pub mod demo;
+pub mod error;
+pub mod events;
+pub mod iam;
+pub mod ids;
+pub mod inventory;
+pub mod metrics;
+pub mod serve;
+pub mod store;
+pub mod validation;
+
+pub use app::App;
+pub use error::{Error, Result};

@@ -1,0 +1,45 @@
+//! `orl`: the server (`orl serve`) and the command-line client in one binary.
+
+use clap::{Parser, Subcommand};
+use orl::cli::{self, ClientCommand, Connection};
+use orl::serve::{self, ServeArgs};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "orl", version, about = "GPU capacity platform whose policies are WebAssembly")]
+struct Cli {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+    #[command(flatten)]
+    Client(ClientCommand),
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(EnvFilter::try_from_env("ORL_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+                .with_writer(std::io::stderr)
+                .init();
+            serve::run(args).await
+        }
+        Command::Client(command) => cli::run(cli.connection, command).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("orl: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

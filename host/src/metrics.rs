@@ -1,0 +1,64 @@
+//! Prometheus metrics, one registry per server (no process-global state).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of one HTTP request: the matched route template, not the raw path.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
+
+/// The server's metrics and the registry that renders them.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: HistogramFamily,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("orl");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency: HistogramFamily =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 16)));
+        registry.register("http_requests", "HTTP requests served", requests.clone());
+        registry.register(
+            "http_request_duration_seconds",
+            "Time to answer an HTTP request",
+            latency.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+        }
+    }
+
+    /// Counts one answered request and its latency.
+    pub fn observe_request(&self, labels: RequestLabels, seconds: f64) {
+        self.latency.get_or_create(&labels).observe(seconds);
+        self.requests.get_or_create(&labels).inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

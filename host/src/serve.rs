@@ -1,0 +1,166 @@
+//! `orl serve`: open the database, bootstrap it, and serve until SIGINT/SIGTERM.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use tokio::net::TcpListener;
+
+use crate::clock::Clock;
+use crate::iam::keys::{self, Grant};
+use crate::iam::{OPS_ORG, Principal, Role};
+use crate::store::Store;
+use crate::{App, api, audit, demo, ids};
+
+/// Options of `orl serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Directory for the SQLite database and the generated admin key.
+    #[arg(long, default_value = "./orl-data")]
+    pub data_dir: PathBuf,
+    /// `postgres://…` to use PostgreSQL instead of the embedded SQLite database.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Seed a provider with NVLink nodes, a tenant and keys, and print what to try.
+    #[arg(long)]
+    pub demo: bool,
+}
+
+/// Environment variable holding the bootstrap admin key (`or_…`).
+pub const ADMIN_KEY_ENV: &str = "ORL_ADMIN_KEY";
+/// Environment variable that replaces the wall clock with a manual one starting at the
+/// given epoch milliseconds, moved through `POST /v1/clock`. For tests and rehearsals.
+pub const TEST_CLOCK_ENV: &str = "ORL_TEST_CLOCK_MS";
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let admin_key = std::env::var(ADMIN_KEY_ENV).ok().filter(|k| !k.is_empty());
+    if let Some(key) = &admin_key {
+        if !key.starts_with("or_") || key.len() < 20 || key.len() > 200 {
+            bail!("{ADMIN_KEY_ENV} must be an or_… key of 20-200 characters");
+        }
+    }
+    let clock = match std::env::var(TEST_CLOCK_ENV) {
+        Ok(ms) => Clock::manual(ms.parse().with_context(|| format!("{TEST_CLOCK_ENV}={ms}"))?),
+        Err(_) => Clock::System,
+    };
+    create_private_dir(&args.data_dir)?;
+    let url = args
+        .database_url
+        .clone()
+        .unwrap_or_else(|| Store::sqlite_url(&args.data_dir));
+    let store = Store::open(&url).await?;
+    tracing::info!(backend = ?store.backend(), "database ready");
+    let app = App::new(store, clock, args.data_dir.clone());
+    let generated = bootstrap(&app, admin_key.as_deref()).await?;
+    if let Some(secret) = &generated {
+        eprintln!(
+            "orl: created the platform ops org and its admin key (shown once, also in {}):\n  {secret}",
+            admin_key_path(&app.data_dir).display()
+        );
+    }
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    if args.demo {
+        let admin = admin_key.or(generated).or_else(|| {
+            std::fs::read_to_string(admin_key_path(&app.data_dir))
+                .ok()
+                .map(|k| k.trim().to_string())
+        });
+        demo::seed_and_print(&app, addr, admin.as_deref()).await?;
+    }
+    println!("orl listening on http://{addr}");
+    std::io::stdout().flush()?;
+
+    axum::serve(listener, api::router(app.clone()))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving HTTP")?;
+    app.store.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// On an empty database: creates the ops org and its admin key, in one transaction.
+/// Returns the secret when it was generated here. Several replicas starting at once on one
+/// PostgreSQL create exactly one ops org; later starts change nothing.
+pub async fn bootstrap(app: &App, admin_key: Option<&str>) -> anyhow::Result<Option<String>> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let created = sqlx::query("INSERT INTO orgs (id, name, created_at) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING")
+        .bind(OPS_ORG)
+        .bind("Platform operations")
+        .bind(now)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected()
+        == 1;
+    if !created {
+        return Ok(None);
+    }
+    let secret = admin_key.map_or_else(ids::new_secret, str::to_string);
+    let key = keys::insert(&mut tx, OPS_ORG, Some("bootstrap admin"), &Grant::role(Role::Admin), &secret, None, now).await?;
+    let system = Principal::system();
+    for (action, object_type, object_id) in [("org.create", "org", OPS_ORG), ("api-key.create", "api-key", key.id.as_str())] {
+        let entry = audit::Entry { org_id: OPS_ORG, action, object_type, object_id, reason: Some("bootstrap"), details: None };
+        audit::record(&mut tx, &system, entry, now).await?;
+    }
+    tx.commit().await?;
+    if admin_key.is_some() {
+        return Ok(None);
+    }
+    write_private_file(&admin_key_path(&app.data_dir), &format!("{secret}\n"))?;
+    Ok(Some(secret))
+}
+
+pub fn admin_key_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("admin.key")
+}
+
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating data directory {}", dir.display()))
+}
+
+/// Writes a secret to a file only its owner can read.
+pub fn write_private_file(path: &Path, contents: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(contents.as_bytes())?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}

@@ -1,0 +1,172 @@
+//! The database: SQLite (embedded default) or PostgreSQL, behind one sqlx `Any` pool and
+//! one dialect of SQL (`$n` placeholders, epoch-millisecond BIGINTs, JSON as TEXT).
+//!
+//! Writes go through [`Store::begin`]. On PostgreSQL that is a plain transaction and the
+//! database's constraints arbitrate between replicas. On SQLite it also takes the process's
+//! write lock first, so every check-then-write transaction runs alone: SQLite has one
+//! writer anyway, and serializing in the process avoids `SQLITE_BUSY` upgrade failures.
+
+use std::ops::{Deref, DerefMut};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{Any, AnyPool, Executor as _, Transaction};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// Which database the store talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A connection pool plus what is needed to write safely on its backend.
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+    sqlite_writer: Arc<Mutex<()>>,
+}
+
+/// A write transaction. Dropping it without [`Tx::commit`] rolls back.
+pub struct Tx {
+    tx: Transaction<'static, Any>,
+    _writer: Option<OwnedMutexGuard<()>>,
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://…` or `postgres://…`) and applies the migrations.
+    pub async fn open(url: &str) -> anyhow::Result<Store> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else {
+            anyhow::bail!("unsupported database URL {url:?}: use sqlite://… or postgres://…");
+        };
+        let options: AnyConnectOptions = url.parse().context("parsing the database URL")?;
+        let pool = match backend {
+            Backend::Sqlite => {
+                AnyPoolOptions::new()
+                    .max_connections(8)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute(
+                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+                                 PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 10000;",
+                            )
+                            .await?;
+                            Ok(())
+                        })
+                    })
+                    .connect_with(options)
+                    .await
+            }
+            Backend::Postgres => {
+                AnyPoolOptions::new()
+                    .max_connections(16)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect_with(options)
+                    .await
+            }
+        }
+        .with_context(|| format!("connecting to {}", redact(url)))?;
+        let migrator = match backend {
+            Backend::Sqlite => &SQLITE_MIGRATIONS,
+            Backend::Postgres => &POSTGRES_MIGRATIONS,
+        };
+        migrator.run(&pool).await.context("applying migrations")?;
+        Ok(Store {
+            pool,
+            backend,
+            sqlite_writer: Arc::new(Mutex::new(())),
+        })
+    }
+
+    /// The SQLite URL of the database file in `data_dir`.
+    pub fn sqlite_url(data_dir: &Path) -> String {
+        format!("sqlite://{}?mode=rwc", data_dir.join("orl.db").display())
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The pool, for reads.
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// Starts a write transaction (see the module docs for how writers are serialized).
+    pub async fn begin(&self) -> sqlx::Result<Tx> {
+        let writer = match self.backend {
+            Backend::Sqlite => Some(self.sqlite_writer.clone().lock_owned().await),
+            Backend::Postgres => None,
+        };
+        Ok(Tx {
+            tx: self.pool.begin().await?,
+            _writer: writer,
+        })
+    }
+
+    /// Closes every connection; called on shutdown after the last request finished.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+impl Tx {
+    pub async fn commit(self) -> sqlx::Result<()> {
+        self.tx.commit().await
+    }
+}
+
+impl Deref for Tx {
+    type Target = Transaction<'static, Any>;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+/// Whether `err` is a unique-key violation (the row already exists).
+pub fn is_unique_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// Reads a boolean column: BOOLEAN on PostgreSQL, INTEGER 0/1 on SQLite.
+pub fn flag(row: &sqlx::any::AnyRow, column: &str) -> bool {
+    use sqlx::Row as _;
+    row.try_get::<bool, _>(column)
+        .or_else(|_| row.try_get::<i64, _>(column).map(|v| v != 0))
+        .unwrap_or(false)
+}
+
+/// Decodes a JSON array of strings stored as TEXT.
+pub fn json_strings(text: &str) -> Vec<String> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+/// Encodes strings as a JSON array for a TEXT column.
+pub fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    serde_json::to_string(value).expect("serializing to JSON cannot fail")
+}
+
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://…{}", &url[..scheme], &url[at..]),
+        _ => url.to_string(),
+    }
+}
