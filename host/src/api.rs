@@ -42,7 +42,9 @@ impl Modify for BearerAuth {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("Authorization: Bearer or_… (legacy vl_… keys still work)"))
+                    .description(Some(
+                        "Authorization: Bearer or_… (legacy vl_… keys still work)",
+                    ))
                     .build(),
             ),
         );
@@ -68,14 +70,17 @@ pub fn router(app: Arc<App>) -> Router {
     } else {
         rest
     };
-    rest.route("/openapi.json", get(move || async move { Json(openapi.as_ref().clone()) }))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .fallback(|| async { Error::NotFound("no such route".into()) })
-        .method_not_allowed_fallback(|| async { error::method_not_allowed() })
-        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
-        .layer(middleware::from_fn_with_state(app.clone(), observe))
-        .with_state(app)
+    rest.route(
+        "/openapi.json",
+        get(move || async move { Json(openapi.as_ref().clone()) }),
+    )
+    .route("/healthz", get(healthz))
+    .route("/metrics", get(metrics))
+    .fallback(|| async { Error::NotFound("no such route".into()) })
+    .method_not_allowed_fallback(|| async { error::method_not_allowed() })
+    .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+    .layer(middleware::from_fn_with_state(app.clone(), observe))
+    .with_state(app)
 }
 
 /// Counts and times every request by route template and status, and logs server faults.
@@ -135,7 +140,10 @@ async fn healthz(State(app): State<Arc<App>>) -> Response {
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         app.metrics.render(),
     )
         .into_response()

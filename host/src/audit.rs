@@ -5,10 +5,10 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{AnyConnection, AnyPool, Row as _};
 
+use crate::Result;
 use crate::clock::format_ms;
 use crate::iam::Principal;
 use crate::store::to_json;
-use crate::Result;
 
 /// What a mutation records about itself.
 pub struct Entry<'a> {

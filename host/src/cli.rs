@@ -16,7 +16,12 @@ pub use client::Client;
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
     /// Base URL of the orl server.
-    #[arg(long, global = true, env = "ORL_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "ORL_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
     pub url: String,
     /// API key (`or_…`).
     #[arg(long, global = true, env = "ORL_KEY", hide_env_values = true)]
@@ -106,40 +111,64 @@ pub enum NodesCommand {
 pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()> {
     let client = Client::new(&conn.url, conn.key.as_deref())?;
     let (value, view): (Value, fn(&Value) -> String) = match command {
-        ClientCommand::Orgs(OrgsCommand::Create { id, name }) => {
-            (client.post("/v1/orgs", &json!({ "id": id, "name": name })).await?, render::object)
-        }
+        ClientCommand::Orgs(OrgsCommand::Create { id, name }) => (
+            client
+                .post("/v1/orgs", &json!({ "id": id, "name": name }))
+                .await?,
+            render::object,
+        ),
         ClientCommand::Orgs(OrgsCommand::Get { id }) => {
             (client.get(&format!("/v1/orgs/{id}")).await?, render::object)
         }
-        ClientCommand::Keys(KeysCommand::Create { org, name, role, permissions, agent }) => {
-            let body = json!({ "name": name, "role": role, "permissions": permissions, "agent": agent });
+        ClientCommand::Keys(KeysCommand::Create {
+            org,
+            name,
+            role,
+            permissions,
+            agent,
+        }) => {
+            let body =
+                json!({ "name": name, "role": role, "permissions": permissions, "agent": agent });
             let body = render::without_nulls(body);
-            (client.post(&format!("/v1/orgs/{org}/api-keys"), &body).await?, render::object)
+            (
+                client
+                    .post(&format!("/v1/orgs/{org}/api-keys"), &body)
+                    .await?,
+                render::object,
+            )
         }
-        ClientCommand::Keys(KeysCommand::List { org }) => {
-            (client.get(&format!("/v1/orgs/{org}/api-keys")).await?, render::keys)
-        }
+        ClientCommand::Keys(KeysCommand::List { org }) => (
+            client.get(&format!("/v1/orgs/{org}/api-keys")).await?,
+            render::keys,
+        ),
         ClientCommand::Keys(KeysCommand::Revoke { org, key_id }) => {
-            client.delete(&format!("/v1/orgs/{org}/api-keys/{key_id}")).await?;
+            client
+                .delete(&format!("/v1/orgs/{org}/api-keys/{key_id}"))
+                .await?;
             (json!({ "revoked": key_id }), render::object)
         }
         ClientCommand::Nodes(NodesCommand::Put { org, node_id, file }) => {
             let text = if file.as_os_str() == "-" {
                 std::io::read_to_string(std::io::stdin())?
             } else {
-                std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?
             };
-            let body: Value = serde_json::from_str(&text).context("the inventory file is not JSON")?;
+            let body: Value =
+                serde_json::from_str(&text).context("the inventory file is not JSON")?;
             let path = format!("/v1/orgs/{org}/provider/nodes/{node_id}");
             (client.put(&path, &body).await?, render::node)
         }
-        ClientCommand::Nodes(NodesCommand::List { org }) => {
-            (client.get(&format!("/v1/orgs/{org}/provider/nodes")).await?, render::nodes)
-        }
-        ClientCommand::Nodes(NodesCommand::Get { node_id }) => {
-            (client.get(&format!("/v1/nodes/{node_id}")).await?, render::node)
-        }
+        ClientCommand::Nodes(NodesCommand::List { org }) => (
+            client
+                .get(&format!("/v1/orgs/{org}/provider/nodes"))
+                .await?,
+            render::nodes,
+        ),
+        ClientCommand::Nodes(NodesCommand::Get { node_id }) => (
+            client.get(&format!("/v1/nodes/{node_id}")).await?,
+            render::node,
+        ),
         ClientCommand::Audit { org, limit, cursor } => {
             let mut path = format!("/v1/audit?limit={limit}");
             if let Some(org) = org {

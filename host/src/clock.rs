@@ -74,7 +74,10 @@ mod tests {
     fn rfc3339_round_trips_at_millisecond_precision() {
         let ms = 1_764_417_000_123;
         assert_eq!(parse_rfc3339(&format_ms(ms)), Some(ms));
-        assert_eq!(parse_rfc3339("2026-11-29T12:00:00+01:00"), Some(1_795_950_000_000));
+        assert_eq!(
+            parse_rfc3339("2026-11-29T12:00:00+01:00"),
+            Some(1_795_950_000_000)
+        );
         assert_eq!(parse_rfc3339("tomorrow"), None);
     }
 }

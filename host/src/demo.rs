@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
+use crate::App;
 use crate::iam::keys;
 use crate::iam::{Principal, Role, orgs};
 use crate::inventory::nodes;
 use crate::inventory::{DeviceClass, HostResources, NodeInventory, Unit, UnitClass};
 use crate::serve::write_private_file;
-use crate::App;
 
 pub const PROVIDER_ORG: &str = "acme-gpu";
 pub const TENANT_ORG: &str = "tenant-a";
@@ -46,16 +46,30 @@ pub fn h100_node(n: usize) -> NodeInventory {
     }
 }
 
-pub async fn seed_and_print(app: &App, addr: SocketAddr, admin_key: Option<&str>) -> anyhow::Result<()> {
+pub async fn seed_and_print(
+    app: &App,
+    addr: SocketAddr,
+    admin_key: Option<&str>,
+) -> anyhow::Result<()> {
     let system = Principal::system();
     for (id, name) in [(PROVIDER_ORG, "Acme GPU Cloud"), (TENANT_ORG, "Tenant A")] {
         if orgs::find(app.store.pool(), id).await?.is_none() {
-            let new = orgs::NewOrg { id: id.into(), name: name.into() };
+            let new = orgs::NewOrg {
+                id: id.into(),
+                name: name.into(),
+            };
             orgs::create(app, &system, new).await?;
         }
     }
     for n in 1..=4 {
-        nodes::register(app, &system, PROVIDER_ORG, &format!("h100-{n}"), h100_node(n)).await?;
+        nodes::register(
+            app,
+            &system,
+            PROVIDER_ORG,
+            &format!("h100-{n}"),
+            h100_node(n),
+        )
+        .await?;
     }
     let path = app.data_dir.join("demo-keys.json");
     let keys = match std::fs::read_to_string(&path) {
@@ -112,4 +126,3 @@ async fn create_key(app: &App, org: &str, name: &str, role: Role) -> anyhow::Res
     };
     Ok(keys::create(app, &Principal::system(), org, new).await?.key)
 }
-

@@ -4,8 +4,8 @@
 use serde_json::Value;
 use sqlx::AnyConnection;
 
-use crate::store::to_json;
 use crate::Result;
+use crate::store::to_json;
 
 /// Appends an event of `kind` about `object_id`, visible to the members of `org_ids`
 /// (and to platform operators).

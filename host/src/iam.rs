@@ -91,9 +91,15 @@ impl Role {
     }
 
     pub fn parse(s: &str) -> Option<Role> {
-        [Role::Admin, Role::Operator, Role::Provider, Role::Member, Role::Viewer]
-            .into_iter()
-            .find(|r| r.as_str() == s)
+        [
+            Role::Admin,
+            Role::Operator,
+            Role::Provider,
+            Role::Member,
+            Role::Viewer,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
     }
 
     /// The permissions the role grants.
@@ -261,7 +267,10 @@ mod tests {
     #[test]
     fn ops_acts_for_every_org_but_only_with_the_permission() {
         let ops = principal(OPS_ORG, Role::Operator);
-        assert!(ops.require_for(Permission::ProviderRead, "acme", "x").is_ok());
+        assert!(
+            ops.require_for(Permission::ProviderRead, "acme", "x")
+                .is_ok()
+        );
         assert!(ops.require_ops(Permission::OrgsManage, "x").is_err());
         assert!(
             principal("acme", Role::Admin)

@@ -107,7 +107,10 @@ impl DeviceClass {
     }
 
     pub fn is_gpu(self) -> bool {
-        matches!(self, DeviceClass::Gpu | DeviceClass::GpuMig | DeviceClass::GpuSlot)
+        matches!(
+            self,
+            DeviceClass::Gpu | DeviceClass::GpuMig | DeviceClass::GpuSlot
+        )
     }
 }
 
@@ -159,17 +162,26 @@ pub fn validate(inv: &NodeInventory) -> Result<()> {
     validation::range("host.memoryGiB", inv.host.memory_gib, 0, 1 << 24)?;
     validation::range("host.hugepages1Gi", inv.host.hugepages_1gi, 0, 1 << 24)?;
     if inv.host.hugepages_1gi > inv.host.memory_gib {
-        return Err(Error::invalid("host.hugepages1Gi", "cannot exceed host.memoryGiB"));
+        return Err(Error::invalid(
+            "host.hugepages1Gi",
+            "cannot exceed host.memoryGiB",
+        ));
     }
     if inv.units.len() > MAX_UNITS {
-        return Err(Error::invalid("units", format!("at most {MAX_UNITS} units per node")));
+        return Err(Error::invalid(
+            "units",
+            format!("at most {MAX_UNITS} units per node"),
+        ));
     }
     let mut seen = HashSet::new();
     for (i, unit) in inv.units.iter().enumerate() {
         let field = |name: &str| format!("units[{i}].{name}");
         validation::id(&field("id"), &unit.id)?;
         if !seen.insert(unit.id.as_str()) {
-            return Err(Error::invalid(field("id"), format!("duplicate unit id {:?}", unit.id)));
+            return Err(Error::invalid(
+                field("id"),
+                format!("duplicate unit id {:?}", unit.id),
+            ));
         }
         if unit.class.device_class() != unit.device_class {
             return Err(Error::invalid(
@@ -308,14 +320,22 @@ mod tests {
         let mut unit = gpu("g0", "nv0");
         unit.device_class = DeviceClass::GpuMig;
         let err = validate(&inventory(vec![unit])).unwrap_err();
-        assert!(err.to_string().starts_with("units[0].deviceClass:"), "{err}");
+        assert!(
+            err.to_string().starts_with("units[0].deviceClass:"),
+            "{err}"
+        );
     }
 
     #[test]
     fn out_of_range_sizes_are_refused() {
         let mut inv = inventory(vec![]);
         inv.host.vcpu = -1;
-        assert!(validate(&inv).unwrap_err().to_string().starts_with("host.vcpu:"));
+        assert!(
+            validate(&inv)
+                .unwrap_err()
+                .to_string()
+                .starts_with("host.vcpu:")
+        );
         let mut inv = inventory(vec![]);
         inv.host.hugepages_1gi = inv.host.memory_gib + 1;
         assert!(validate(&inv).is_err());

@@ -6,7 +6,11 @@ use orl::serve::{self, ServeArgs};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "orl", version, about = "GPU capacity platform whose policies are WebAssembly")]
+#[command(
+    name = "orl",
+    version,
+    about = "GPU capacity platform whose policies are WebAssembly"
+)]
 struct Cli {
     #[command(flatten)]
     connection: Connection,
@@ -28,7 +32,9 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => {
             tracing_subscriber::fmt()
-                .with_env_filter(EnvFilter::try_from_env("ORL_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+                .with_env_filter(
+                    EnvFilter::try_from_env("ORL_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+                )
                 .with_writer(std::io::stderr)
                 .init();
             serve::run(args).await

@@ -44,7 +44,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let clock = match std::env::var(TEST_CLOCK_ENV) {
-        Ok(ms) => Clock::manual(ms.parse().with_context(|| format!("{TEST_CLOCK_ENV}={ms}"))?),
+        Ok(ms) => Clock::manual(
+            ms.parse()
+                .with_context(|| format!("{TEST_CLOCK_ENV}={ms}"))?,
+        ),
         Err(_) => Clock::System,
     };
     create_private_dir(&args.data_dir)?;
@@ -93,22 +96,43 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 pub async fn bootstrap(app: &App, admin_key: Option<&str>) -> anyhow::Result<Option<String>> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
-    let created = sqlx::query("INSERT INTO orgs (id, name, created_at) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING")
-        .bind(OPS_ORG)
-        .bind("Platform operations")
-        .bind(now)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected()
+    let created = sqlx::query(
+        "INSERT INTO orgs (id, name, created_at) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(OPS_ORG)
+    .bind("Platform operations")
+    .bind(now)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected()
         == 1;
     if !created {
         return Ok(None);
     }
     let secret = admin_key.map_or_else(ids::new_secret, str::to_string);
-    let key = keys::insert(&mut tx, OPS_ORG, Some("bootstrap admin"), &Grant::role(Role::Admin), &secret, None, now).await?;
+    let key = keys::insert(
+        &mut tx,
+        OPS_ORG,
+        Some("bootstrap admin"),
+        &Grant::role(Role::Admin),
+        &secret,
+        None,
+        now,
+    )
+    .await?;
     let system = Principal::system();
-    for (action, object_type, object_id) in [("org.create", "org", OPS_ORG), ("api-key.create", "api-key", key.id.as_str())] {
-        let entry = audit::Entry { org_id: OPS_ORG, action, object_type, object_id, reason: Some("bootstrap"), details: None };
+    for (action, object_type, object_id) in [
+        ("org.create", "org", OPS_ORG),
+        ("api-key.create", "api-key", key.id.as_str()),
+    ] {
+        let entry = audit::Entry {
+            org_id: OPS_ORG,
+            action,
+            object_type,
+            object_id,
+            reason: Some("bootstrap"),
+            details: None,
+        };
         audit::record(&mut tx, &system, entry, now).await?;
     }
     tx.commit().await?;

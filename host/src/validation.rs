@@ -44,7 +44,10 @@ pub fn range(field: &str, value: i64, min: i64, max: i64) -> Result<()> {
     if (min..=max).contains(&value) {
         Ok(())
     } else {
-        Err(Error::invalid(field, format!("must be {min}-{max}, got {value}")))
+        Err(Error::invalid(
+            field,
+            format!("must be {min}-{max}, got {value}"),
+        ))
     }
 }
 

@@ -1,1 +1,13 @@
+//! End-to-end tests: each one starts the real `orl` binary on a fresh database (SQLite in a
+//! temporary directory, or a new PostgreSQL database) and drives it over HTTP.
 
+mod support;
+
+mod audit;
+mod auth;
+mod bootstrap;
+mod input;
+mod inventory;
+mod keys;
+mod orgs;
+mod system;

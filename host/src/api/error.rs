@@ -70,9 +70,10 @@ impl IntoResponse for Error {
                 response.extensions_mut().insert(Fault(Arc::new(err)));
             }
             Error::Unauthenticated(_) => {
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("static header"));
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    "Bearer".parse().expect("static header"),
+                );
             }
             _ => {}
         }

@@ -85,16 +85,17 @@ impl FromRequestParts<Arc<App>> for Principal {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Error> {
-        let header = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .ok_or_else(|| Error::Unauthenticated("missing Authorization: Bearer <API key>".into()))?;
+        let header = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| {
+            Error::Unauthenticated("missing Authorization: Bearer <API key>".into())
+        })?;
         let secret = header
             .to_str()
             .ok()
             .and_then(|h| h.strip_prefix("Bearer "))
             .map(str::trim)
-            .ok_or_else(|| Error::Unauthenticated("Authorization must be Bearer <API key>".into()))?;
+            .ok_or_else(|| {
+                Error::Unauthenticated("Authorization must be Bearer <API key>".into())
+            })?;
         keys::authenticate(app.store.pool(), secret)
             .await?
             .ok_or_else(|| Error::Unauthenticated("unknown or revoked API key".into()))

@@ -29,6 +29,10 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 pub fn page<T>(mut items: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Page<T> {
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
-    let cursor = if more { items.last().map(cursor_of) } else { None };
+    let cursor = if more {
+        items.last().map(cursor_of)
+    } else {
+        None
+    };
     Page { items, cursor }
 }

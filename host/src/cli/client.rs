@@ -35,7 +35,12 @@ impl Client {
         self.send(Method::DELETE, path, None).await
     }
 
-    async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method, &url);
         if let Some(key) = &self.key {
@@ -44,12 +49,18 @@ impl Client {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request.send().await.with_context(|| format!("calling {url}"))?;
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("calling {url}"))?;
         let status = response.status();
         if status == StatusCode::NO_CONTENT {
             return Ok(Value::Null);
         }
-        let value: Value = response.json().await.with_context(|| format!("reading the answer of {url}"))?;
+        let value: Value = response
+            .json()
+            .await
+            .with_context(|| format!("reading the answer of {url}"))?;
         if status.is_success() {
             return Ok(value);
         }
@@ -59,7 +70,10 @@ impl Client {
             status.as_u16(),
             error["code"].as_str().unwrap_or("ERROR"),
             error["message"].as_str().unwrap_or("(no message)"),
-            error.get("details").map(|d| format!(" {d}")).unwrap_or_default()
+            error
+                .get("details")
+                .map(|d| format!(" {d}"))
+                .unwrap_or_default()
         ))
     }
 }

@@ -5,7 +5,9 @@ use serde_json::Value;
 
 fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
     let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(header.to_vec());
     for row in rows {
         table.add_row(row);
     }
@@ -25,7 +27,9 @@ pub fn cell(value: &Value) -> String {
 /// Drops `null` members so optional flags that were not given are not sent.
 pub fn without_nulls(value: Value) -> Value {
     match value {
-        Value::Object(map) => Value::Object(map.into_iter().filter(|(_, v)| !v.is_null()).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().filter(|(_, v)| !v.is_null()).collect())
+        }
         other => other,
     }
 }
@@ -35,7 +39,10 @@ pub fn object(value: &Value) -> String {
     let Some(map) = value.as_object() else {
         return cell(value);
     };
-    table(&["field", "value"], map.iter().map(|(k, v)| vec![k.clone(), cell(v)]))
+    table(
+        &["field", "value"],
+        map.iter().map(|(k, v)| vec![k.clone(), cell(v)]),
+    )
 }
 
 pub fn keys(value: &Value) -> String {
@@ -50,18 +57,57 @@ pub fn keys(value: &Value) -> String {
 
 pub fn nodes(value: &Value) -> String {
     let rows = value.as_array().into_iter().flatten().map(node_row);
-    table(&["node", "org", "region", "units", "topologyGen", "singleClass"], rows)
+    table(
+        &[
+            "node",
+            "org",
+            "region",
+            "units",
+            "topologyGen",
+            "singleClass",
+        ],
+        rows,
+    )
 }
 
 pub fn node(value: &Value) -> String {
-    let summary = table(&["node", "org", "region", "units", "topologyGen", "singleClass"], [node_row(value)]);
+    let summary = table(
+        &[
+            "node",
+            "org",
+            "region",
+            "units",
+            "topologyGen",
+            "singleClass",
+        ],
+        [node_row(value)],
+    );
     let units = value["units"].as_array().into_iter().flatten().map(|u| {
-        ["id", "class", "deviceClass", "model", "memoryGiB", "nvlinkDomain", "sellable"]
-            .iter()
-            .map(|f| cell(&u[*f]))
-            .collect()
+        [
+            "id",
+            "class",
+            "deviceClass",
+            "model",
+            "memoryGiB",
+            "nvlinkDomain",
+            "sellable",
+        ]
+        .iter()
+        .map(|f| cell(&u[*f]))
+        .collect()
     });
-    let units = table(&["unit", "class", "deviceClass", "model", "memoryGiB", "nvlink", "sellable"], units);
+    let units = table(
+        &[
+            "unit",
+            "class",
+            "deviceClass",
+            "model",
+            "memoryGiB",
+            "nvlink",
+            "sellable",
+        ],
+        units,
+    );
     format!("{summary}\n{units}")
 }
 
@@ -78,12 +124,23 @@ fn node_row(n: &Value) -> Vec<String> {
 
 pub fn audit(value: &Value) -> String {
     let rows = value["items"].as_array().into_iter().flatten().map(|e| {
-        ["id", "at", "actorKeyId", "orgId", "action", "objectId", "reason"]
-            .iter()
-            .map(|f| cell(&e[*f]))
-            .collect()
+        [
+            "id",
+            "at",
+            "actorKeyId",
+            "orgId",
+            "action",
+            "objectId",
+            "reason",
+        ]
+        .iter()
+        .map(|f| cell(&e[*f]))
+        .collect()
     });
-    let mut out = table(&["id", "at", "actor", "org", "action", "object", "reason"], rows);
+    let mut out = table(
+        &["id", "at", "actor", "org", "action", "object", "reason"],
+        rows,
+    );
     if let Some(cursor) = value["cursor"].as_str() {
         out.push_str(&format!("\nmore: --cursor {cursor}"));
     }

@@ -76,21 +76,33 @@ impl Grant {
     }
 
     fn effective(&self) -> BTreeSet<Permission> {
-        self.role.map_or_else(|| self.permissions.clone(), Role::permissions)
+        self.role
+            .map_or_else(|| self.permissions.clone(), Role::permissions)
     }
 }
 
 /// Creates a key for `org_id`. A caller cannot grant what it does not hold, and an agent
 /// key can only create agent keys.
-pub async fn create(app: &App, caller: &Principal, org_id: &str, new: NewKey) -> Result<CreatedKey> {
+pub async fn create(
+    app: &App,
+    caller: &Principal,
+    org_id: &str,
+    new: NewKey,
+) -> Result<CreatedKey> {
     caller.require_for(Permission::KeysManage, org_id, format_args!("org {org_id}"))?;
     validation::opt_text("name", new.name.as_deref(), 200)?;
     let grant = match (new.role, &new.permissions) {
         (Some(_), Some(_)) => {
-            return Err(Error::invalid("permissions", "give a role or permissions, not both"));
+            return Err(Error::invalid(
+                "permissions",
+                "give a role or permissions, not both",
+            ));
         }
         (None, Some(names)) if names.is_empty() => {
-            return Err(Error::invalid("permissions", "must name at least one permission"));
+            return Err(Error::invalid(
+                "permissions",
+                "must name at least one permission",
+            ));
         }
         (None, Some(names)) => Grant {
             role: None,
@@ -110,39 +122,62 @@ pub async fn create(app: &App, caller: &Principal, org_id: &str, new: NewKey) ->
     if !beyond.is_empty() {
         return Err(Error::invalid(
             "permissions",
-            format!("cannot grant permissions the calling key does not hold: {}", beyond.join(", ")),
+            format!(
+                "cannot grant permissions the calling key does not hold: {}",
+                beyond.join(", ")
+            ),
         ));
     }
     if caller.agent && !grant.agent {
-        return Err(Error::invalid("agent", "an agent key can only create agent keys"));
+        return Err(Error::invalid(
+            "agent",
+            "an agent key can only create agent keys",
+        ));
     }
     let secret = match new.legacy_key {
         Some(legacy) => {
             if !caller.is_ops() {
-                return Err(Error::invalid("legacyKey", "only platform admins import legacy keys"));
+                return Err(Error::invalid(
+                    "legacyKey",
+                    "only platform admins import legacy keys",
+                ));
             }
             if !legacy.starts_with("vl_") || !(20..=200).contains(&legacy.len()) {
-                return Err(Error::invalid("legacyKey", "must be a vl_… key of 20-200 characters"));
+                return Err(Error::invalid(
+                    "legacyKey",
+                    "must be a vl_… key of 20-200 characters",
+                ));
             }
             validation::text("legacyKey", &legacy, 200)?;
             legacy
         }
         None => new_secret(),
     };
-    if crate::iam::orgs::find(app.store.pool(), org_id).await?.is_none() {
+    if crate::iam::orgs::find(app.store.pool(), org_id)
+        .await?
+        .is_none()
+    {
         return Err(Error::not_found(format_args!("org {org_id}")));
     }
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
-    let api_key = insert(&mut tx, org_id, new.name.as_deref(), &grant, &secret, Some(&caller.key_id), now)
-        .await
-        .map_err(|err| {
-            if is_unique_violation(&err) {
-                Error::conflict("this secret is already registered", None)
-            } else {
-                err.into()
-            }
-        })?;
+    let api_key = insert(
+        &mut tx,
+        org_id,
+        new.name.as_deref(),
+        &grant,
+        &secret,
+        Some(&caller.key_id),
+        now,
+    )
+    .await
+    .map_err(|err| {
+        if is_unique_violation(&err) {
+            Error::conflict("this secret is already registered", None)
+        } else {
+            err.into()
+        }
+    })?;
     audit::record(
         &mut tx,
         caller,
@@ -160,7 +195,10 @@ pub async fn create(app: &App, caller: &Principal, org_id: &str, new: NewKey) ->
     )
     .await?;
     tx.commit().await?;
-    Ok(CreatedKey { key: secret, api_key })
+    Ok(CreatedKey {
+        key: secret,
+        api_key,
+    })
 }
 
 /// Stores a key under the digest of `secret`.
@@ -196,7 +234,11 @@ pub async fn insert(
         org_id: org_id.to_string(),
         name: name.map(str::to_string),
         role: grant.role,
-        permissions: grant.effective().iter().map(|p| p.as_str().to_string()).collect(),
+        permissions: grant
+            .effective()
+            .iter()
+            .map(|p| p.as_str().to_string())
+            .collect(),
         agent: grant.agent,
         legacy: secret.starts_with("vl_"),
         created_at: format_ms(now),
@@ -207,7 +249,9 @@ pub async fn insert(
 const COLUMNS: &str = "id, org_id, name, role, permissions, agent, legacy, created_at, revoked_at";
 
 fn from_row(r: &AnyRow) -> (ApiKey, BTreeSet<Permission>) {
-    let role = r.get::<Option<String>, _>("role").and_then(|s| Role::parse(&s));
+    let role = r
+        .get::<Option<String>, _>("role")
+        .and_then(|s| Role::parse(&s));
     let permissions: BTreeSet<Permission> = match role {
         Some(role) => role.permissions(),
         None => json_strings(&r.get::<String, _>("permissions"))
@@ -232,7 +276,10 @@ fn from_row(r: &AnyRow) -> (ApiKey, BTreeSet<Permission>) {
 /// The org's keys, oldest first, revoked ones included.
 pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<ApiKey>> {
     caller.require_for(Permission::KeysManage, org_id, format_args!("org {org_id}"))?;
-    if crate::iam::orgs::find(app.store.pool(), org_id).await?.is_none() {
+    if crate::iam::orgs::find(app.store.pool(), org_id)
+        .await?
+        .is_none()
+    {
         return Err(Error::not_found(format_args!("org {org_id}")));
     }
     let rows = sqlx::query(&format!(

@@ -7,7 +7,10 @@ use serde_json::json;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row as _};
 
-use super::{DeviceClass, HostResources, NodeInventory, Unit, UnitClass, single_class, topology_changed, validate};
+use super::{
+    DeviceClass, HostResources, NodeInventory, Unit, UnitClass, single_class, topology_changed,
+    validate,
+};
 use crate::App;
 use crate::audit::{self, Entry};
 use crate::clock::format_ms;
@@ -57,7 +60,10 @@ pub async fn register(
     caller.require_for(Permission::InventoryWrite, org_id, &what)?;
     validation::id("nodeId", node_id)?;
     validate(&inventory)?;
-    if crate::iam::orgs::find(app.store.pool(), org_id).await?.is_none() {
+    if crate::iam::orgs::find(app.store.pool(), org_id)
+        .await?
+        .is_none()
+    {
         return Err(Error::not_found(format_args!("org {org_id}")));
     }
     // Two reports of one node may race (on PostgreSQL, from two replicas): the loser of a
@@ -111,7 +117,9 @@ async fn try_register(
             insert_units(&mut tx, node_id, &inv.units).await?;
             Change::Registered
         }
-        Some(node) if node.region == inv.region && node.host == inv.host && node.units == inv.units => {
+        Some(node)
+            if node.region == inv.region && node.host == inv.host && node.units == inv.units =>
+        {
             sqlx::query("UPDATE nodes SET last_seen_at = $1 WHERE id = $2")
                 .bind(now)
                 .bind(node_id)
@@ -153,7 +161,15 @@ async fn try_register(
         .await?
         .ok_or_else(|| anyhow::anyhow!("node {node_id} vanished inside its own transaction"))?;
     if change != Change::Unchanged {
-        record_change(&mut tx, caller, &node, change, existing.map(|n| n.topology_gen), now).await?;
+        record_change(
+            &mut tx,
+            caller,
+            &node,
+            change,
+            existing.map(|n| n.topology_gen),
+            now,
+        )
+        .await?;
     }
     tx.commit().await?;
     Ok((node, change))
@@ -188,7 +204,8 @@ async fn record_change(
         details: Some(details.clone()),
     };
     audit::record(conn, caller, entry, now).await?;
-    let payload = json!({ "nodeId": node.id, "orgId": node.org_id, "topologyGen": node.topology_gen });
+    let payload =
+        json!({ "nodeId": node.id, "orgId": node.org_id, "topologyGen": node.topology_gen });
     events::emit(conn, event, &node.id, &[&node.org_id], &payload, now).await
 }
 
@@ -217,22 +234,33 @@ async fn insert_units(conn: &mut AnyConnection, node_id: &str, units: &[Unit]) -
 pub async fn get(app: &App, caller: &Principal, node_id: &str) -> Result<Node> {
     let mut conn = app.store.pool().acquire().await?;
     match find(&mut conn, node_id).await? {
-        Some(node) if caller.has(Permission::ProviderRead) && caller.acts_for(&node.org_id) => Ok(node),
+        Some(node) if caller.has(Permission::ProviderRead) && caller.acts_for(&node.org_id) => {
+            Ok(node)
+        }
         _ => Err(Error::not_found(format_args!("node {node_id}"))),
     }
 }
 
 /// The nodes an org owns, by id.
 pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<Node>> {
-    caller.require_for(Permission::ProviderRead, org_id, format_args!("org {org_id}"))?;
-    if crate::iam::orgs::find(app.store.pool(), org_id).await?.is_none() {
+    caller.require_for(
+        Permission::ProviderRead,
+        org_id,
+        format_args!("org {org_id}"),
+    )?;
+    if crate::iam::orgs::find(app.store.pool(), org_id)
+        .await?
+        .is_none()
+    {
         return Err(Error::not_found(format_args!("org {org_id}")));
     }
     let pool = app.store.pool();
-    let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes WHERE org_id = $1 ORDER BY id"))
-        .bind(org_id)
-        .fetch_all(pool)
-        .await?;
+    let rows = sqlx::query(&format!(
+        "SELECT {NODE_COLUMNS} FROM nodes WHERE org_id = $1 ORDER BY id"
+    ))
+    .bind(org_id)
+    .fetch_all(pool)
+    .await?;
     let unit_rows = sqlx::query(&format!(
         "SELECT node_id, {UNIT_COLUMNS} FROM units
          WHERE node_id IN (SELECT id FROM nodes WHERE org_id = $1) ORDER BY node_id, position"
@@ -242,11 +270,19 @@ pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<Nod
     .await?;
     let mut units: HashMap<String, Vec<Unit>> = HashMap::new();
     for r in &unit_rows {
-        units.entry(r.get("node_id")).or_default().push(unit_from_row(r)?);
+        units
+            .entry(r.get("node_id"))
+            .or_default()
+            .push(unit_from_row(r)?);
     }
     Ok(rows
         .iter()
-        .map(|r| node_from_row(r, units.remove(&r.get::<String, _>("id")).unwrap_or_default()))
+        .map(|r| {
+            node_from_row(
+                r,
+                units.remove(&r.get::<String, _>("id")).unwrap_or_default(),
+            )
+        })
         .collect())
 }
 
@@ -299,7 +335,8 @@ fn unit_from_row(r: &AnyRow) -> Result<Unit> {
     let device_class: String = r.get("device_class");
     Ok(Unit {
         id: r.get("id"),
-        class: UnitClass::parse(&class).ok_or_else(|| anyhow::anyhow!("stored unit class {class:?}"))?,
+        class: UnitClass::parse(&class)
+            .ok_or_else(|| anyhow::anyhow!("stored unit class {class:?}"))?,
         device_class: DeviceClass::parse(&device_class)
             .ok_or_else(|| anyhow::anyhow!("stored device class {device_class:?}"))?,
         model: r.get("model"),

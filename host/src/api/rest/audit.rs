@@ -48,10 +48,17 @@ async fn list_audit(
         None => Some(caller.org_id.clone()),
     };
     let scope = org_id.as_deref().unwrap_or(crate::iam::OPS_ORG);
-    caller.require_for(Permission::AuditRead, scope, format_args!("audit trail of {scope}"))?;
+    caller.require_for(
+        Permission::AuditRead,
+        scope,
+        format_args!("audit trail of {scope}"),
+    )?;
     let before = q
         .cursor
-        .map(|c| c.parse::<i64>().map_err(|_| Error::invalid("cursor", "not a cursor from this API")))
+        .map(|c| {
+            c.parse::<i64>()
+                .map_err(|_| Error::invalid("cursor", "not a cursor from this API"))
+        })
         .transpose()?;
     let items = audit::list(app.store.pool(), org_id.as_deref(), before, limit + 1).await?;
     Ok(Json(page(items, limit, |e| e.id.clone())))

@@ -33,7 +33,11 @@ async fn put_node(
     Json(body): Json<NodeInventory>,
 ) -> Result<(StatusCode, Json<Node>)> {
     let (node, change) = nodes::register(&app, &caller, &org_id, &node_id, body).await?;
-    let status = if change == Change::Registered { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if change == Change::Registered {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(node)))
 }
 

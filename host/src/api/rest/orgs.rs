@@ -8,9 +8,9 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::{Json, Path};
+use crate::iam::Principal;
 use crate::iam::keys::{self, ApiKey, CreatedKey, NewKey};
 use crate::iam::orgs::{self, NewOrg, Org};
-use crate::iam::Principal;
 use crate::{App, Result};
 
 pub fn router() -> OpenApiRouter<Arc<App>> {
@@ -29,7 +29,10 @@ async fn create_org(
     caller: Principal,
     Json(body): Json<NewOrg>,
 ) -> Result<(StatusCode, Json<Org>)> {
-    Ok((StatusCode::CREATED, Json(orgs::create(&app, &caller, body).await?)))
+    Ok((
+        StatusCode::CREATED,
+        Json(orgs::create(&app, &caller, body).await?),
+    ))
 }
 
 /// Read an org: its own members, or ops.
@@ -54,7 +57,10 @@ async fn create_key(
     Path(org_id): Path<String>,
     Json(body): Json<NewKey>,
 ) -> Result<(StatusCode, Json<CreatedKey>)> {
-    Ok((StatusCode::CREATED, Json(keys::create(&app, &caller, &org_id, body).await?)))
+    Ok((
+        StatusCode::CREATED,
+        Json(keys::create(&app, &caller, &org_id, body).await?),
+    ))
 }
 
 /// List an org's API keys, without secrets.

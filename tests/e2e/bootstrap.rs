@@ -1,0 +1,111 @@
+use std::os::unix::fs::PermissionsExt as _;
+
+use reqwest::StatusCode;
+
+use crate::support::{Db, Options, Server, on_both_databases, random_key};
+
+on_both_databases!(
+    bootstrap_uses_the_admin_key_from_the_environment,
+    bootstrap_without_a_key_generates_one_printed_once_and_saved_0600,
+    restart_on_a_non_empty_database_changes_nothing,
+    sigterm_stops_the_server_cleanly,
+);
+
+async fn bootstrap_uses_the_admin_key_from_the_environment(db: Db) {
+    let key = random_key();
+    let server = Server::start_with(
+        db,
+        Options {
+            admin_key: Some(key.clone()),
+            demo: false,
+        },
+    )
+    .await;
+    let (status, org) = server.as_key(&key).get("/v1/orgs/ops").await;
+    assert_eq!(status, StatusCode::OK, "{org}");
+    assert_eq!(org["id"], "ops");
+    assert!(
+        !server.data_dir.path().join("admin.key").exists(),
+        "a given key is not written out"
+    );
+    assert!(
+        !server.stderr().contains(&key),
+        "a given key is not printed"
+    );
+}
+
+async fn bootstrap_without_a_key_generates_one_printed_once_and_saved_0600(db: Db) {
+    let mut server = Server::start_with(
+        db,
+        Options {
+            admin_key: None,
+            demo: false,
+        },
+    )
+    .await;
+    let path = server.data_dir.path().join("admin.key");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(server.admin.starts_with("or_"));
+    assert_eq!(
+        server.stderr().matches(&server.admin).count(),
+        1,
+        "printed once to stderr"
+    );
+    let (status, _) = server.admin().get("/v1/orgs/ops").await;
+    assert_eq!(status, StatusCode::OK);
+
+    server
+        .restart_with(Options {
+            admin_key: None,
+            demo: false,
+        })
+        .await;
+    assert_eq!(
+        server.stderr().matches(&server.admin).count(),
+        1,
+        "not printed again on restart"
+    );
+    let (status, _) = server.admin().get("/v1/orgs/ops").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+async fn restart_on_a_non_empty_database_changes_nothing(db: Db) {
+    let mut server = Server::start(db).await;
+    let first_admin = server.admin.clone();
+    let (_, keys_before) = server.admin().get("/v1/orgs/ops/api-keys").await;
+    let audit_before = crate::support::audit_count(&server).await;
+
+    let other = random_key();
+    server
+        .restart_with(Options {
+            admin_key: Some(other.clone()),
+            demo: false,
+        })
+        .await;
+    let (status, _) = server.as_key(&other).get("/v1/orgs/ops").await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a new ORL_ADMIN_KEY is ignored once bootstrapped"
+    );
+    let (status, keys_after) = server
+        .as_key(&first_admin)
+        .get("/v1/orgs/ops/api-keys")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(keys_before, keys_after);
+    assert_eq!(crate::support::audit_count(&server).await, audit_before);
+}
+
+async fn sigterm_stops_the_server_cleanly(db: Db) {
+    let mut server = Server::start(db).await;
+    crate::support::register_node(
+        &server.org_with_key("acme", "provider").await,
+        "acme",
+        "n1",
+        8,
+    )
+    .await;
+    assert!(server.stop().await, "exit status 0 after SIGTERM");
+}

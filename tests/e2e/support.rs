@@ -1,0 +1,438 @@
+//! The harness: a server process per test, on the database it asks for, and a JSON client.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sqlx::Connection as _;
+use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Runs `$name(Db)` once per database, as `$name::sqlite` and `$name::postgres`.
+macro_rules! on_both_databases {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name($crate::support::Db::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name($crate::support::Db::Postgres).await
+            }
+        }
+    )*};
+}
+pub(crate) use on_both_databases;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+/// The instant every test server's manual clock starts at: 2026-12-01T00:00:00Z.
+pub const T0: i64 = 1_796_083_200_000;
+
+/// The PostgreSQL server tests create their databases on.
+fn postgres_admin_url() -> String {
+    std::env::var("ORL_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// A database that lives as long as the test.
+pub struct Database {
+    pub url: Option<String>,
+    postgres_name: Option<String>,
+}
+
+impl Database {
+    pub async fn create(db: Db) -> Database {
+        match db {
+            Db::Sqlite => Database {
+                url: None,
+                postgres_name: None,
+            },
+            Db::Postgres => {
+                let name = format!("orl_e2e_{}", ulid::Ulid::new().to_string().to_lowercase());
+                let mut conn = sqlx::PgConnection::connect(&postgres_admin_url())
+                    .await
+                    .expect("PostgreSQL at 127.0.0.1:5432 (set ORL_TEST_POSTGRES_URL)");
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+                let admin = postgres_admin_url();
+                let base = admin.rsplit_once('/').unwrap().0;
+                Database {
+                    url: Some(format!("{base}/{name}")),
+                    postgres_name: Some(name),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        if let Some(name) = self.postgres_name.take() {
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    if let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await {
+                        let _ =
+                            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                                .execute(&mut conn)
+                                .await;
+                    }
+                });
+            })
+            .join()
+            .ok();
+        }
+    }
+}
+
+/// How to start a server.
+pub struct Options {
+    pub admin_key: Option<String>,
+    pub demo: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            admin_key: Some(random_key()),
+            demo: false,
+        }
+    }
+}
+
+pub fn random_key() -> String {
+    format!("or_test{}", ulid::Ulid::new().to_string().to_lowercase())
+}
+
+/// A running `orl serve`.
+pub struct Server {
+    child: Option<Child>,
+    pub url: String,
+    /// The ops admin key (given or generated).
+    pub admin: String,
+    /// Everything the server printed to stdout before it started listening.
+    pub banner: String,
+    pub data_dir: TempDir,
+    pub db: Database,
+}
+
+impl Server {
+    pub async fn start(db: Db) -> Server {
+        Server::start_with(db, Options::default()).await
+    }
+
+    pub async fn start_with(db: Db, options: Options) -> Server {
+        let database = Database::create(db).await;
+        let data_dir = tempfile::tempdir().unwrap();
+        let (child, url, banner) = spawn(data_dir.path(), &database, &options).await;
+        let admin = match &options.admin_key {
+            Some(key) => key.clone(),
+            None => std::fs::read_to_string(data_dir.path().join("admin.key"))
+                .expect("admin.key written at bootstrap")
+                .trim()
+                .to_string(),
+        };
+        Server {
+            child: Some(child),
+            url,
+            admin,
+            banner,
+            data_dir,
+            db: database,
+        }
+    }
+
+    /// Stops the server with SIGTERM and waits for it; returns whether it exited cleanly.
+    pub async fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let pid = child.id().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+            .await
+            .expect("server stops within 20 s of SIGTERM")
+            .unwrap();
+        status.success()
+    }
+
+    /// Stops and starts the server on the same data directory and database.
+    pub async fn restart_with(&mut self, options: Options) {
+        assert!(self.stop().await, "server exits cleanly on SIGTERM");
+        let (child, url, banner) = spawn(self.data_dir.path(), &self.db, &options).await;
+        self.child = Some(child);
+        self.url = url;
+        self.banner = banner;
+    }
+
+    /// A client calling as `key`.
+    pub fn as_key(&self, key: &str) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            base: self.url.clone(),
+            key: Some(key.to_string()),
+        }
+    }
+
+    pub fn admin(&self) -> Api {
+        self.as_key(&self.admin)
+    }
+
+    pub fn anonymous(&self) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            base: self.url.clone(),
+            key: None,
+        }
+    }
+
+    /// What the server wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.data_dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    /// Creates an org and an API key of `role` in it; returns the key's client.
+    pub async fn org_with_key(&self, org: &str, role: &str) -> Api {
+        let admin = self.admin();
+        let (status, body) = admin
+            .post("/v1/orgs", json!({ "id": org, "name": org }))
+            .await;
+        assert!(
+            status == StatusCode::CREATED || status == StatusCode::CONFLICT,
+            "{body}"
+        );
+        self.as_key(&self.key_in(org, json!({ "role": role })).await)
+    }
+
+    /// Creates a key in `org` (as the ops admin) and returns its secret.
+    pub async fn key_in(&self, org: &str, body: Value) -> String {
+        let (status, key) = self
+            .admin()
+            .post(&format!("/v1/orgs/{org}/api-keys"), body)
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{key}");
+        key["key"].as_str().unwrap().to_string()
+    }
+
+    /// Moves the server's manual clock to `ms`.
+    pub async fn set_clock(&self, ms: i64) {
+        let (status, body) = self.admin().post("/v1/clock", json!({ "nowMs": ms })).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+    }
+}
+
+async fn spawn(data_dir: &Path, db: &Database, options: &Options) -> (Child, String, String) {
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.join("stderr.log"))
+        .unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_orl"));
+    command
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .env_remove("DATABASE_URL")
+        .env_remove("ORL_ADMIN_KEY")
+        .env("ORL_TEST_CLOCK_MS", T0.to_string())
+        .env("ORL_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr))
+        .kill_on_drop(true);
+    if let Some(url) = &db.url {
+        command.args(["--database-url", url]);
+    }
+    if let Some(key) = &options.admin_key {
+        command.env("ORL_ADMIN_KEY", key);
+    }
+    if options.demo {
+        command.arg("--demo");
+    }
+    let mut child = command.spawn().expect("spawning orl");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut banner = String::new();
+    let url = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(url) = line.strip_prefix("orl listening on ") {
+                return url.to_string();
+            }
+            banner.push_str(&line);
+            banner.push('\n');
+        }
+        panic!(
+            "orl exited before listening: {}",
+            std::fs::read_to_string(data_dir.join("stderr.log")).unwrap_or_default()
+        );
+    })
+    .await
+    .expect("orl starts listening within 60 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, url, banner)
+}
+
+/// A JSON client of one server, calling as one key (or none).
+#[derive(Clone)]
+pub struct Api {
+    http: reqwest::Client,
+    base: String,
+    key: Option<String>,
+}
+
+impl Api {
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::DELETE, path, None).await
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let body = body.map(|b| b.to_string().into_bytes());
+        self.raw(method, path, body, Some("application/json")).await
+    }
+
+    /// Sends `body` as it is, with `content_type` when given.
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        content_type: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(key) = &self.key {
+            request = request.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+            if let Some(ct) = content_type {
+                request = request.header("content-type", ct);
+            }
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        (status, value)
+    }
+
+    /// Asserts the answer is the error envelope with `code`, and returns its message.
+    pub async fn expect_error(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        status: StatusCode,
+        code: &str,
+    ) -> String {
+        let (got, value) = self.call(method.clone(), path, body).await;
+        assert_error(got, &value, status, code);
+        value["error"]["message"].as_str().unwrap().to_string()
+    }
+}
+
+/// Asserts `(status, body)` is the error envelope with `code`.
+#[track_caller]
+pub fn assert_error(status: StatusCode, body: &Value, expected: StatusCode, code: &str) {
+    assert_eq!(status, expected, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+}
+
+/// A node inventory of `gpus` H100s split over NVLink domains of four.
+pub fn h100_inventory(node: &str, gpus: usize) -> Value {
+    let units: Vec<Value> = (0..gpus)
+        .map(|g| {
+            json!({
+                "id": format!("{node}-gpu{g}"), "class": "vfio-group", "deviceClass": "gpu",
+                "model": "H100-SXM5-80GB", "memoryGiB": 80, "nvlinkDomain": format!("nvl{}", g / 4),
+                "sellable": true,
+            })
+        })
+        .collect();
+    json!({
+        "region": "eu-west-1",
+        "host": { "vcpu": 224, "memoryGiB": 2048, "hugepages1Gi": 512 },
+        "units": units,
+    })
+}
+
+/// Registers `node` with `gpus` H100s for `org` as `api`, expecting success.
+pub async fn register_node(api: &Api, org: &str, node: &str, gpus: usize) -> Value {
+    let (status, body) = api
+        .put(
+            &format!("/v1/orgs/{org}/provider/nodes/{node}"),
+            h100_inventory(node, gpus),
+        )
+        .await;
+    assert!(status.is_success(), "{status} {body}");
+    body
+}
+
+/// The number of audit entries the ops admin can see.
+pub async fn audit_count(server: &Server) -> usize {
+    let mut count = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/audit?limit=200&cursor={c}"),
+            None => "/v1/audit?limit=200".to_string(),
+        };
+        let (status, page) = server.admin().get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        count += page["items"].as_array().unwrap().len();
+        match page["cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return count,
+        }
+    }
+}

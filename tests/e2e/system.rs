@@ -1,0 +1,117 @@
+use reqwest::StatusCode;
+
+use crate::support::{Db, Options, Server, on_both_databases, register_node};
+
+on_both_databases!(
+    healthz_answers_ok,
+    metrics_count_requests_by_route_and_status,
+    openapi_describes_every_v1_route,
+    demo_seeds_four_h100_nodes_and_prints_working_keys,
+);
+
+async fn healthz_answers_ok(db: Db) {
+    let server = Server::start(db).await;
+    let (status, body) = server.anonymous().get("/healthz").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "ok");
+}
+
+async fn metrics_count_requests_by_route_and_status(db: Db) {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    register_node(&provider, "acme", "n1", 1).await;
+    provider.get("/v1/nodes/missing").await;
+    provider.get("/v1/nodes/missing-too").await;
+    let (status, text) = server.anonymous().get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains(
+            r#"orl_http_requests_total{method="GET",route="/v1/nodes/{nodeId}",status="404"} 2"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#"orl_http_request_duration_seconds_count{method="PUT",route="/v1/orgs/{orgId}/provider/nodes/{nodeId}",status="201"} 1"#));
+}
+
+async fn openapi_describes_every_v1_route(db: Db) {
+    let server = Server::start(db).await;
+    let (status, doc) = server.anonymous().get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    for path in [
+        "/v1/orgs",
+        "/v1/orgs/{orgId}",
+        "/v1/orgs/{orgId}/api-keys",
+        "/v1/orgs/{orgId}/api-keys/{keyId}",
+        "/v1/orgs/{orgId}/provider/nodes",
+        "/v1/orgs/{orgId}/provider/nodes/{nodeId}",
+        "/v1/nodes/{nodeId}",
+        "/v1/audit",
+    ] {
+        assert!(
+            doc["paths"].get(path).is_some(),
+            "{path} missing from /openapi.json"
+        );
+    }
+    assert!(doc["components"]["schemas"].get("NodeInventory").is_some());
+    assert!(doc["components"]["securitySchemes"].get("apiKey").is_some());
+}
+
+async fn demo_seeds_four_h100_nodes_and_prints_working_keys(db: Db) {
+    let mut server = Server::start_with(
+        db,
+        Options {
+            demo: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let provider_key = banner_value(&server.banner, "provider key:");
+    let tenant_key = banner_value(&server.banner, "tenant key:");
+    let provider = server.as_key(&provider_key);
+    let (status, nodes) = provider.get("/v1/orgs/acme-gpu/provider/nodes").await;
+    assert_eq!(status, StatusCode::OK, "{nodes}");
+    let nodes = nodes.as_array().unwrap();
+    assert_eq!(nodes.len(), 4);
+    for node in nodes {
+        let units = node["units"].as_array().unwrap();
+        assert_eq!(units.len(), 8);
+        assert_eq!(
+            units.iter().filter(|u| u["nvlinkDomain"] == "nvl0").count(),
+            4
+        );
+        assert_eq!(units[0]["model"], "H100-SXM5-80GB");
+    }
+    assert_eq!(
+        server.as_key(&tenant_key).get("/v1/nodes/h100-1").await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert!(server.banner.contains("curl"));
+
+    server
+        .restart_with(Options {
+            demo: true,
+            admin_key: Some(server.admin.clone()),
+        })
+        .await;
+    assert_eq!(
+        banner_value(&server.banner, "provider key:"),
+        provider_key,
+        "a restart keeps the demo keys"
+    );
+    let (_, nodes) = server
+        .as_key(&provider_key)
+        .get("/v1/orgs/acme-gpu/provider/nodes")
+        .await;
+    assert_eq!(nodes[0]["topologyGen"], 1, "re-seeding changes nothing");
+}
+
+fn banner_value(banner: &str, label: &str) -> String {
+    banner
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(label))
+        .unwrap_or_else(|| panic!("{label} not in banner:\n{banner}"))
+        .trim()
+        .to_string()
+}
