@@ -25,6 +25,9 @@ pub enum Error {
         message: String,
         details: Option<Value>,
     },
+    /// The object is not in a state that allows the operation.
+    #[error("{0}")]
+    InvalidState(String),
     /// The request body is larger than the endpoint accepts.
     #[error("{0}")]
     PayloadTooLarge(String),

@@ -16,6 +16,7 @@ pub mod iam;
 pub mod ids;
 pub mod inventory;
 pub mod metrics;
+pub mod node_reservations;
 pub mod serve;
 pub mod store;
 pub mod validation;

@@ -99,6 +99,15 @@ impl Store {
         self.backend
     }
 
+    /// The row-lock clause for a read that a write in the same transaction depends on:
+    /// `FOR UPDATE` on PostgreSQL; nothing on SQLite, whose writers are already serialized.
+    pub fn for_update(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite => "",
+            Backend::Postgres => " FOR UPDATE",
+        }
+    }
+
     /// The pool, for reads.
     pub fn pool(&self) -> &AnyPool {
         &self.pool
@@ -144,6 +153,25 @@ impl DerefMut for Tx {
 /// Whether `err` is a unique-key violation (the row already exists).
 pub fn is_unique_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// `$first, $first+1, …` for `count` bind parameters of an `IN (…)` list.
+pub fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `err` violates the named constraint: PostgreSQL names it, SQLite triggers
+/// raise it as their message.
+pub fn violates(err: &sqlx::Error, constraint: &str) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            db.constraint() == Some(constraint) || db.message().contains(constraint)
+        }
+        _ => false,
+    }
 }
 
 /// Reads a boolean column: BOOLEAN on PostgreSQL, INTEGER 0/1 on SQLite.

@@ -19,7 +19,7 @@ pub struct ErrorEnvelope {
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
-    /// `NOT_FOUND`, `INVALID_INPUT`, `UNAUTHENTICATED`, `CONFLICT`, `PAYLOAD_TOO_LARGE`,
+    /// `NOT_FOUND`, `INVALID_INPUT`, `UNAUTHENTICATED`, `CONFLICT`, `INVALID_STATE`, `PAYLOAD_TOO_LARGE`,
     /// `METHOD_NOT_ALLOWED`, `INTERNAL`.
     pub code: String,
     pub message: String,
@@ -39,6 +39,7 @@ impl Error {
             Error::InvalidInput { .. } => (StatusCode::BAD_REQUEST, "INVALID_INPUT"),
             Error::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
             Error::Conflict { .. } => (StatusCode::CONFLICT, "CONFLICT"),
+            Error::InvalidState(_) => (StatusCode::CONFLICT, "INVALID_STATE"),
             Error::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
         }

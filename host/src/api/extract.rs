@@ -101,3 +101,37 @@ impl FromRequestParts<Arc<App>> for Principal {
             .ok_or_else(|| Error::Unauthenticated("unknown or revoked API key".into()))
     }
 }
+
+/// A JSON body that may be omitted: an empty body is `T::default()`.
+pub struct JsonOrEmpty<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Default> FromRequest<S> for JsonOrEmpty<T> {
+    type Rejection = Error;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Error> {
+        let bytes = axum::body::Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    Error::PayloadTooLarge(format!(
+                        "request body is larger than {} bytes",
+                        super::MAX_JSON_BODY
+                    ))
+                } else {
+                    Error::InvalidInput {
+                        message: rejection.body_text(),
+                        field: None,
+                    }
+                }
+            })?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(JsonOrEmpty(T::default()));
+        }
+        serde_json::from_slice(&bytes)
+            .map(JsonOrEmpty)
+            .map_err(|err| Error::InvalidInput {
+                message: err.to_string(),
+                field: None,
+            })
+    }
+}

@@ -1,6 +1,7 @@
 //! REST `/v1`: one submodule per resource, each contributing its documented routes.
 
 mod audit;
+mod node_reservations;
 mod nodes;
 mod orgs;
 
@@ -22,6 +23,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .merge(orgs::router())
         .merge(nodes::router())
+        .merge(node_reservations::router())
         .merge(audit::router())
 }
 

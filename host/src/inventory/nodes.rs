@@ -160,6 +160,16 @@ async fn try_register(
     let node = find(&mut **tx, node_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("node {node_id} vanished inside its own transaction"))?;
+    if change
+        == (Change::Updated {
+            topology_bumped: true,
+        })
+    {
+        crate::node_reservations::actions::review_after_topology_change(
+            &mut tx, caller, &node, now,
+        )
+        .await?;
+    }
     if change != Change::Unchanged {
         record_change(
             &mut tx,
@@ -254,19 +264,28 @@ pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<Nod
     {
         return Err(Error::not_found(format_args!("org {org_id}")));
     }
-    let pool = app.store.pool();
+    let mut conn = app.store.pool().acquire().await?;
+    load(&mut conn, Some(org_id)).await
+}
+
+/// Every node of every org, by id (callers decide what to show).
+pub async fn all(conn: &mut AnyConnection) -> Result<Vec<Node>> {
+    load(conn, None).await
+}
+
+async fn load(conn: &mut AnyConnection, org_id: Option<&str>) -> Result<Vec<Node>> {
     let rows = sqlx::query(&format!(
-        "SELECT {NODE_COLUMNS} FROM nodes WHERE org_id = $1 ORDER BY id"
+        "SELECT {NODE_COLUMNS} FROM nodes WHERE ($1 IS NULL OR org_id = $1) ORDER BY id"
     ))
     .bind(org_id)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     let unit_rows = sqlx::query(&format!(
         "SELECT node_id, {UNIT_COLUMNS} FROM units
-         WHERE node_id IN (SELECT id FROM nodes WHERE org_id = $1) ORDER BY node_id, position"
+         WHERE node_id IN (SELECT id FROM nodes WHERE ($1 IS NULL OR org_id = $1)) ORDER BY node_id, position"
     ))
     .bind(org_id)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     let mut units: HashMap<String, Vec<Unit>> = HashMap::new();
     for r in &unit_rows {

@@ -1,0 +1,425 @@
+//! Reading node reservations: by node, by id, by audience, and the catalog of what an org
+//! may place on now. Visibility is decided by the rules in the parent module.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row as _};
+
+use super::{Lifecycle, Rights, Status, Term, Tier, access, may_read};
+use crate::clock::{format_ms, parse_rfc3339};
+use crate::iam::{Permission, Principal};
+use crate::inventory::nodes::{self, Node};
+use crate::inventory::{DeviceClass, UnitClass};
+use crate::store::{flag, json_strings};
+use crate::{App, Error, Result};
+
+/// Exclusive placement rights for a set of orgs over specific GPU units of one node, for a
+/// term. Scoped to units, not GPU counts, because units are the indivisible allocation
+/// primitive.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReservation {
+    pub id: String,
+    pub node_id: String,
+    pub reserved_unit_ids: Vec<String>,
+    /// The subset of `reservedUnitIds` currently on the spot market (double sell).
+    pub released_unit_ids: Vec<String>,
+    /// The audience: orgs that may place workloads on the reserved units.
+    pub allowed_org_ids: Vec<String>,
+    /// Orgs that may release, reclaim and terminate spot work on these units while the
+    /// reservation is active and inside its term.
+    pub managing_org_ids: Vec<String>,
+    pub starts_at: String,
+    /// Absent = open-ended until cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ends_at: Option<String>,
+    pub status: Status,
+    /// Node topology generation this reservation was written against.
+    pub topology_gen: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract_ref: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// A reservation as stored.
+#[derive(Clone, Debug)]
+pub struct Record {
+    pub id: String,
+    pub node_id: String,
+    pub unit_ids: Vec<String>,
+    pub released_unit_ids: Vec<String>,
+    pub allowed_org_ids: Vec<String>,
+    pub managing_org_ids: Vec<String>,
+    pub term: Term,
+    pub lifecycle: Lifecycle,
+    pub topology_gen: i64,
+    pub contract_ref: Option<String>,
+    pub reason: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl Record {
+    pub fn status(&self, now: i64) -> Status {
+        super::status(self.lifecycle, self.term, now)
+    }
+
+    pub fn rights(&self, now: i64) -> Rights {
+        Rights {
+            id: self.id.clone(),
+            status: self.status(now),
+            term: self.term,
+            allowed_org_ids: self.allowed_org_ids.clone(),
+            managing_org_ids: self.managing_org_ids.clone(),
+            released_unit_ids: self.released_unit_ids.clone(),
+        }
+    }
+
+    pub fn view(&self, now: i64) -> NodeReservation {
+        NodeReservation {
+            id: self.id.clone(),
+            node_id: self.node_id.clone(),
+            reserved_unit_ids: self.unit_ids.clone(),
+            released_unit_ids: self.released_unit_ids.clone(),
+            allowed_org_ids: self.allowed_org_ids.clone(),
+            managing_org_ids: self.managing_org_ids.clone(),
+            starts_at: format_ms(self.term.starts_at),
+            ends_at: self.term.ends_at.map(format_ms),
+            status: self.status(now),
+            topology_gen: self.topology_gen,
+            contract_ref: self.contract_ref.clone(),
+            reason: self.reason.clone(),
+            created_at: format_ms(self.created_at),
+            updated_at: format_ms(self.updated_at),
+        }
+    }
+
+    /// Orgs that hear about changes to this reservation (besides the platform operators).
+    pub fn interested_orgs<'a>(&'a self, node_owner: &'a str) -> Vec<&'a str> {
+        let mut orgs = vec![node_owner];
+        for org in self.allowed_org_ids.iter().chain(&self.managing_org_ids) {
+            if !orgs.contains(&org.as_str()) {
+                orgs.push(org);
+            }
+        }
+        orgs
+    }
+}
+
+/// Which reservations to load.
+pub enum Filter<'a> {
+    Id(&'a str),
+    Node(&'a str),
+    /// Those whose audience text mentions the org (refined exactly after loading).
+    Audience(&'a str),
+    /// Those not cancelled and not ended before the instant.
+    LiveAt(i64),
+}
+
+/// Loads reservations and their units, newest first.
+pub async fn load(conn: &mut AnyConnection, filter: Filter<'_>, lock: &str) -> Result<Vec<Record>> {
+    enum Arg {
+        Text(String),
+        Number(i64),
+    }
+    let (clause, arg) = match filter {
+        Filter::Id(id) => ("id = $1", Arg::Text(id.to_string())),
+        Filter::Node(node) => ("node_id = $1", Arg::Text(node.to_string())),
+        Filter::Audience(org) => ("allowed_org_ids LIKE $1", Arg::Text(format!("%\"{org}\"%"))),
+        Filter::LiveAt(now) => (
+            "lifecycle <> 'cancelled' AND (ends_at IS NULL OR ends_at > $1)",
+            Arg::Number(now),
+        ),
+    };
+    let reservations_sql = format!(
+        "SELECT id, node_id, allowed_org_ids, managing_org_ids, starts_at, ends_at, lifecycle, topology_gen,
+                contract_ref, reason, created_at, updated_at
+         FROM node_reservations WHERE {clause} ORDER BY created_at DESC, id DESC{lock}"
+    );
+    let units_sql = format!(
+        "SELECT reservation_id, unit_id, released FROM node_reservation_units
+         WHERE reservation_id IN (SELECT id FROM node_reservations WHERE {clause})
+         ORDER BY reservation_id, position"
+    );
+    let (reservations, units) = match &arg {
+        Arg::Text(t) => (
+            sqlx::query(&reservations_sql)
+                .bind(t)
+                .fetch_all(&mut *conn)
+                .await?,
+            sqlx::query(&units_sql)
+                .bind(t)
+                .fetch_all(&mut *conn)
+                .await?,
+        ),
+        Arg::Number(n) => (
+            sqlx::query(&reservations_sql)
+                .bind(n)
+                .fetch_all(&mut *conn)
+                .await?,
+            sqlx::query(&units_sql)
+                .bind(n)
+                .fetch_all(&mut *conn)
+                .await?,
+        ),
+    };
+    let mut by_reservation: HashMap<String, (Vec<String>, Vec<String>)> = HashMap::new();
+    for row in &units {
+        let entry = by_reservation.entry(row.get("reservation_id")).or_default();
+        let unit: String = row.get("unit_id");
+        if flag(row, "released") {
+            entry.1.push(unit.clone());
+        }
+        entry.0.push(unit);
+    }
+    reservations
+        .iter()
+        .map(|row| {
+            let (unit_ids, released) = by_reservation
+                .remove(&row.get::<String, _>("id"))
+                .unwrap_or_default();
+            record_from_row(row, unit_ids, released)
+        })
+        .collect()
+}
+
+fn record_from_row(
+    r: &AnyRow,
+    unit_ids: Vec<String>,
+    released_unit_ids: Vec<String>,
+) -> Result<Record> {
+    let lifecycle: String = r.get("lifecycle");
+    Ok(Record {
+        id: r.get("id"),
+        node_id: r.get("node_id"),
+        unit_ids,
+        released_unit_ids,
+        allowed_org_ids: json_strings(&r.get::<String, _>("allowed_org_ids")),
+        managing_org_ids: json_strings(&r.get::<String, _>("managing_org_ids")),
+        term: Term {
+            starts_at: r.get("starts_at"),
+            ends_at: r.get("ends_at"),
+        },
+        lifecycle: Lifecycle::parse(&lifecycle)
+            .ok_or_else(|| anyhow::anyhow!("stored lifecycle {lifecycle:?}"))?,
+        topology_gen: r.get("topology_gen"),
+        contract_ref: r.get("contract_ref"),
+        reason: r.get("reason"),
+        created_at: r.get("created_at"),
+        updated_at: r.get("updated_at"),
+    })
+}
+
+/// A node and the reservations on it, if the caller may read them; otherwise the node is
+/// not found.
+pub async fn node_for_reader(
+    app: &App,
+    conn: &mut AnyConnection,
+    caller: &Principal,
+    node_id: &str,
+) -> Result<(Node, Vec<Record>)> {
+    let now = app.now_ms();
+    let not_found = || Error::not_found(format_args!("node {node_id}"));
+    let node = nodes::find(conn, node_id).await?.ok_or_else(not_found)?;
+    let records = load(conn, Filter::Node(node_id), "").await?;
+    let rights: Vec<Rights> = records.iter().map(|r| r.rights(now)).collect();
+    if !may_read(caller, &node.org_id, &rights) {
+        return Err(not_found());
+    }
+    Ok((node, records))
+}
+
+/// Every reservation on a node, newest first.
+pub async fn list_for_node(
+    app: &App,
+    caller: &Principal,
+    node_id: &str,
+) -> Result<Vec<NodeReservation>> {
+    let mut conn = app.store.pool().acquire().await?;
+    let (_, records) = node_for_reader(app, &mut conn, caller, node_id).await?;
+    let now = app.now_ms();
+    Ok(records.iter().map(|r| r.view(now)).collect())
+}
+
+/// One reservation on a node.
+pub async fn get(
+    app: &App,
+    caller: &Principal,
+    node_id: &str,
+    id: &str,
+) -> Result<NodeReservation> {
+    let mut conn = app.store.pool().acquire().await?;
+    let (_, records) = node_for_reader(app, &mut conn, caller, node_id).await?;
+    records
+        .iter()
+        .find(|r| r.id == id)
+        .map(|r| r.view(app.now_ms()))
+        .ok_or_else(|| Error::not_found(format_args!("reservation {id} on node {node_id}")))
+}
+
+/// The reservations whose audience includes `org_id`, newest first, optionally of one
+/// status. Readable by the org's members and platform operators.
+pub async fn list_for_org(
+    app: &App,
+    caller: &Principal,
+    org_id: &str,
+    status: Option<Status>,
+) -> Result<Vec<NodeReservation>> {
+    caller.require_for(
+        Permission::ReservationRead,
+        org_id,
+        format_args!("org {org_id}"),
+    )?;
+    if crate::iam::orgs::find(app.store.pool(), org_id)
+        .await?
+        .is_none()
+    {
+        return Err(Error::not_found(format_args!("org {org_id}")));
+    }
+    let mut conn = app.store.pool().acquire().await?;
+    let now = app.now_ms();
+    Ok(load(&mut conn, Filter::Audience(org_id), "")
+        .await?
+        .iter()
+        .filter(|r| r.allowed_org_ids.iter().any(|o| o == org_id))
+        .map(|r| r.view(now))
+        .filter(|v| status.is_none_or(|s| v.status == s))
+        .collect())
+}
+
+/// Parses an optional `status` filter.
+pub fn parse_status(value: Option<&str>) -> Result<Option<Status>> {
+    value
+        .map(|s| {
+            Status::parse(s).ok_or_else(|| {
+                Error::invalid(
+                    "status",
+                    "must be pending, active, expired, cancelled or needs-review",
+                )
+            })
+        })
+        .transpose()
+}
+
+/// What an org may place on now, node by node.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Catalog {
+    pub org_id: String,
+    pub at: String,
+    pub nodes: Vec<CatalogNode>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CatalogNode {
+    pub node_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    pub units: Vec<CatalogUnit>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CatalogUnit {
+    pub id: String,
+    pub class: UnitClass,
+    pub device_class: DeviceClass,
+    pub model: String,
+    #[serde(rename = "memoryGiB")]
+    pub memory_gib: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<String>,
+    /// `open`, `reserved` (to this org's audience) or `spot-only` (released to the market).
+    pub tier: Tier,
+    /// The reservation that reserves or released the unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+    /// When a reservation that excludes this org starts on the unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available_until: Option<String>,
+}
+
+/// The sellable units `org_id` could place on now: reserved units only for their audience,
+/// released units to everyone as spot-only, needs-review units to no one.
+pub async fn catalog(app: &App, caller: &Principal, org_id: &str) -> Result<Catalog> {
+    if !caller.acts_for(org_id)
+        || !(caller.has(Permission::ReservationRead) || caller.has(Permission::ComputeRead))
+    {
+        return Err(Error::not_found(format_args!("org {org_id}")));
+    }
+    if crate::iam::orgs::find(app.store.pool(), org_id)
+        .await?
+        .is_none()
+    {
+        return Err(Error::not_found(format_args!("org {org_id}")));
+    }
+    let now = app.now_ms();
+    let mut conn = app.store.pool().acquire().await?;
+    let all_nodes = nodes::all(&mut conn).await?;
+    let records = load(&mut conn, Filter::LiveAt(now), "").await?;
+    let rights: Vec<(Rights, &Record)> = records.iter().map(|r| (r.rights(now), r)).collect();
+    let mut claims: HashMap<(&str, &str), Vec<&Rights>> = HashMap::new();
+    for (rights, record) in &rights {
+        for unit in &record.unit_ids {
+            claims
+                .entry((record.node_id.as_str(), unit.as_str()))
+                .or_default()
+                .push(rights);
+        }
+    }
+    let mut catalog_nodes = Vec::new();
+    for node in &all_nodes {
+        let mut units = Vec::new();
+        for unit in node.units.iter().filter(|u| u.sellable) {
+            let on_unit = claims
+                .get(&(node.id.as_str(), unit.id.as_str()))
+                .map_or(&[][..], Vec::as_slice);
+            let Some((tier, reservation_id)) = access(org_id, &unit.id, on_unit, now) else {
+                continue;
+            };
+            let available_until = on_unit
+                .iter()
+                .filter(|r| {
+                    r.term.starts_at > now && !r.allowed_org_ids.iter().any(|o| o == org_id)
+                })
+                .map(|r| r.term.starts_at)
+                .min()
+                .map(format_ms);
+            units.push(CatalogUnit {
+                id: unit.id.clone(),
+                class: unit.class,
+                device_class: unit.device_class,
+                model: unit.model.clone(),
+                memory_gib: unit.memory_gib,
+                nvlink_domain: unit.nvlink_domain.clone(),
+                tier,
+                reservation_id,
+                available_until,
+            });
+        }
+        if !units.is_empty() {
+            catalog_nodes.push(CatalogNode {
+                node_id: node.id.clone(),
+                region: node.region.clone(),
+                units,
+            });
+        }
+    }
+    Ok(Catalog {
+        org_id: org_id.to_string(),
+        at: format_ms(now),
+        nodes: catalog_nodes,
+    })
+}
+
+/// Parses an RFC 3339 instant of `field`.
+pub fn parse_instant(field: &str, value: &str) -> Result<i64> {
+    parse_rfc3339(value)
+        .ok_or_else(|| Error::invalid(field, format!("{value:?} is not an RFC 3339 timestamp")))
+}
