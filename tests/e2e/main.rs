@@ -9,5 +9,6 @@ mod bootstrap;
 mod input;
 mod inventory;
 mod keys;
+mod node_reservations;
 mod orgs;
 mod system;
