@@ -42,6 +42,11 @@ pub enum ClientCommand {
     /// Provider nodes and their inventory.
     #[command(subcommand)]
     Nodes(NodesCommand),
+    /// Node reservations: exclusive rights over GPU units of a node for orgs.
+    #[command(subcommand)]
+    Reservations(ReservationsCommand),
+    /// The units an org could place on now, per node.
+    Catalog { org: String },
     /// The audit trail, newest first.
     Audit {
         #[arg(long)]
@@ -108,6 +113,79 @@ pub enum NodesCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum ReservationsCommand {
+    /// Reserve units of a node for an audience (platform admin).
+    Create {
+        node_id: String,
+        #[arg(long, value_delimiter = ',', required = true)]
+        unit_ids: Vec<String>,
+        #[arg(long, value_delimiter = ',', required = true)]
+        allowed_org_ids: Vec<String>,
+        #[arg(long, value_delimiter = ',')]
+        managing_org_ids: Option<Vec<String>>,
+        /// RFC 3339; defaults to now.
+        #[arg(long)]
+        starts_at: Option<String>,
+        /// RFC 3339; omit for open-ended.
+        #[arg(long)]
+        ends_at: Option<String>,
+        #[arg(long)]
+        contract_ref: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Every reservation on a node.
+    List {
+        node_id: String,
+    },
+    Get {
+        node_id: String,
+        id: String,
+    },
+    /// Put reserved units on the spot market (same as `unit release`).
+    Release(UnitRelease),
+    /// Operations on units of a reservation.
+    #[command(subcommand)]
+    Unit(UnitCommand),
+    /// End a reservation now (platform admin).
+    End {
+        node_id: String,
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Re-affirm a needs-review reservation against the node's current topology.
+    Reaffirm {
+        node_id: String,
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// What capacity is reserved to an org.
+    Org {
+        org_id: String,
+        #[arg(long)]
+        status: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UnitCommand {
+    /// Put reserved units on the spot market (double sell).
+    Release(UnitRelease),
+}
+
+#[derive(Debug, Args)]
+pub struct UnitRelease {
+    node_id: String,
+    id: String,
+    #[arg(long, value_delimiter = ',', required = true)]
+    unit_ids: Vec<String>,
+    #[arg(long)]
+    reason: Option<String>,
+}
+
 pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()> {
     let client = Client::new(&conn.url, conn.key.as_deref())?;
     let (value, view): (Value, fn(&Value) -> String) = match command {
@@ -169,6 +247,11 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
             client.get(&format!("/v1/nodes/{node_id}")).await?,
             render::node,
         ),
+        ClientCommand::Reservations(command) => reservations(&client, command).await?,
+        ClientCommand::Catalog { org } => (
+            client.get(&format!("/v1/orgs/{org}/catalog")).await?,
+            render::catalog,
+        ),
         ClientCommand::Audit { org, limit, cursor } => {
             let mut path = format!("/v1/audit?limit={limit}");
             if let Some(org) = org {
@@ -186,4 +269,78 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
         println!("{}", view(&value));
     }
     Ok(())
+}
+
+async fn reservations(
+    client: &Client,
+    command: ReservationsCommand,
+) -> anyhow::Result<(Value, fn(&Value) -> String)> {
+    let base = |node: &str| format!("/v1/nodes/{node}/reservations");
+    Ok(match command {
+        ReservationsCommand::Create {
+            node_id,
+            unit_ids,
+            allowed_org_ids,
+            managing_org_ids,
+            starts_at,
+            ends_at,
+            contract_ref,
+            reason,
+        } => {
+            let body = render::without_nulls(json!({
+                "unitIds": unit_ids, "allowedOrgIds": allowed_org_ids, "managingOrgIds": managing_org_ids,
+                "startsAt": starts_at, "endsAt": ends_at, "contractRef": contract_ref, "reason": reason,
+            }));
+            (client.post(&base(&node_id), &body).await?, render::object)
+        }
+        ReservationsCommand::List { node_id } => (
+            client.get(&base(&node_id)).await?,
+            render::node_reservations,
+        ),
+        ReservationsCommand::Get { node_id, id } => (
+            client.get(&format!("{}/{id}", base(&node_id))).await?,
+            render::object,
+        ),
+        ReservationsCommand::Release(release)
+        | ReservationsCommand::Unit(UnitCommand::Release(release)) => {
+            let body = render::without_nulls(
+                json!({ "unitIds": release.unit_ids, "reason": release.reason }),
+            );
+            let path = format!("{}/{}/release", base(&release.node_id), release.id);
+            (client.post(&path, &body).await?, render::object)
+        }
+        ReservationsCommand::End {
+            node_id,
+            id,
+            reason,
+        } => {
+            let body = render::without_nulls(json!({ "reason": reason }));
+            (
+                client
+                    .post(&format!("{}/{id}/end", base(&node_id)), &body)
+                    .await?,
+                render::object,
+            )
+        }
+        ReservationsCommand::Reaffirm {
+            node_id,
+            id,
+            reason,
+        } => {
+            let body = render::without_nulls(json!({ "reason": reason }));
+            (
+                client
+                    .post(&format!("{}/{id}/reaffirm", base(&node_id)), &body)
+                    .await?,
+                render::object,
+            )
+        }
+        ReservationsCommand::Org { org_id, status } => {
+            let mut path = format!("/v1/orgs/{org_id}/reservations");
+            if let Some(status) = status {
+                path.push_str(&format!("?status={status}"));
+            }
+            (client.get(&path).await?, render::node_reservations)
+        }
+    })
 }

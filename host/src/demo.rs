@@ -101,6 +101,12 @@ Try:
        -d '{inventory}' {url}/v1/orgs/{PROVIDER_ORG}/provider/nodes/h100-1
   # a tenant cannot see the provider's node: 404, not 403
   curl -s -H 'Authorization: Bearer {tenant}' {url}/v1/nodes/h100-1
+  # reserve two GPUs of h100-1 for the tenant (platform admin), then release one to spot
+  curl -s -X POST -H 'Authorization: Bearer {admin}' -H 'Content-Type: application/json' \
+       -d '{{"unitIds":["h100-1-gpu0","h100-1-gpu1"],"allowedOrgIds":["{TENANT_ORG}"]}}' {url}/v1/nodes/h100-1/reservations
+  curl -s -H 'Authorization: Bearer {provider}' {url}/v1/nodes/h100-1/reservations
+  # what the tenant may place on now (reserved units are theirs alone)
+  curl -s -H 'Authorization: Bearer {tenant}' {url}/v1/orgs/{TENANT_ORG}/catalog
   # the audit trail (ops)
   curl -s -H 'Authorization: Bearer {admin}' '{url}/v1/audit?limit=5'
   # the API description

@@ -6,6 +6,7 @@ mod support;
 mod audit;
 mod auth;
 mod bootstrap;
+mod cli;
 mod input;
 mod inventory;
 mod keys;

@@ -146,3 +146,57 @@ pub fn audit(value: &Value) -> String {
     }
     out
 }
+
+const RESERVATION_FIELDS: [&str; 7] = [
+    "id",
+    "nodeId",
+    "status",
+    "reservedUnitIds",
+    "releasedUnitIds",
+    "allowedOrgIds",
+    "endsAt",
+];
+const RESERVATION_HEADER: [&str; 7] = [
+    "id", "node", "status", "reserved", "released", "audience", "ends",
+];
+
+pub fn node_reservations(value: &Value) -> String {
+    let rows = value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| RESERVATION_FIELDS.iter().map(|f| cell(&r[*f])).collect());
+    table(&RESERVATION_HEADER, rows)
+}
+
+pub fn catalog(value: &Value) -> String {
+    let rows = value["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|n| {
+            n["units"].as_array().into_iter().flatten().map(move |u| {
+                vec![
+                    cell(&n["nodeId"]),
+                    cell(&u["id"]),
+                    cell(&u["model"]),
+                    cell(&u["nvlinkDomain"]),
+                    cell(&u["tier"]),
+                    cell(&u["reservationId"]),
+                    cell(&u["availableUntil"]),
+                ]
+            })
+        });
+    table(
+        &[
+            "node",
+            "unit",
+            "model",
+            "nvlink",
+            "tier",
+            "reservation",
+            "available until",
+        ],
+        rows,
+    )
+}
