@@ -4,6 +4,7 @@
 pub mod error;
 pub mod extract;
 pub mod rest;
+pub mod rpc;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -121,6 +122,8 @@ async fn set_clock(
 ) -> crate::Result<Json<serde_json::Value>> {
     caller.require_ops(crate::iam::Permission::OrgsManage, "route")?;
     app.clock.set_ms(body.now_ms);
+    // Time moved: let everything time drives catch up before answering.
+    crate::reconciler::run_once(&app).await?;
     Ok(Json(serde_json::json!({ "nowMs": app.now_ms() })))
 }
 

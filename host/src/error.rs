@@ -28,6 +28,21 @@ pub enum Error {
     /// The object is not in a state that allows the operation.
     #[error("{0}")]
     InvalidState(String),
+    /// The binding or feature asked for is not served.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The IAM decision refused the request.
+    #[error("{0}")]
+    AccessDenied(String),
+    /// The IAM decision refused an agent and opened a confirmation request for a person.
+    #[error("{message}")]
+    ConfirmationRequired { message: String, details: Value },
+    /// The charge does not fit the tenant's quota.
+    #[error("{message}")]
+    QuotaExceeded { message: String, details: Value },
+    /// The budget does not cover the charge.
+    #[error("{0}")]
+    SpendLimitReached(String),
     /// The request body is larger than the endpoint accepts.
     #[error("{0}")]
     PayloadTooLarge(String),

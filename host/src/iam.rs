@@ -1,8 +1,10 @@
 //! Identity and access: orgs, API keys, permissions and roles, and the rule that a caller
 //! who may not see a resource is told it does not exist (404, never 403).
 
+pub mod confirmations;
 pub mod keys;
 pub mod orgs;
+pub mod policy;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -41,6 +43,7 @@ macro_rules! permissions {
 permissions! {
     OrgsManage => "orgs.manage",
     KeysManage => "keys.manage",
+    IamManage => "iam.manage",
     AuditRead => "audit.read",
     InventoryWrite => "inventory.write",
     ProviderRead => "provider.read",

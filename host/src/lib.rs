@@ -7,6 +7,7 @@
 pub mod api;
 pub mod app;
 pub mod audit;
+pub mod booking;
 pub mod cli;
 pub mod clock;
 pub mod demo;
@@ -17,6 +18,8 @@ pub mod ids;
 pub mod inventory;
 pub mod metrics;
 pub mod node_reservations;
+pub mod pools;
+pub mod reconciler;
 pub mod serve;
 pub mod store;
 pub mod validation;

@@ -182,6 +182,21 @@ pub fn access(
     Some((Tier::Open, None))
 }
 
+/// Whether `org` may place a workload on `unit_id` over a window that the `claims` (the
+/// non-terminal reservations holding the unit during it) overlap: each claim must have `org`
+/// in its audience, or have released the unit and the workload be spot. A needs-review claim
+/// refuses everyone.
+pub fn may_place(org: &str, unit_id: &str, claims: &[Rights], spot: bool) -> bool {
+    claims.iter().all(|claim| match claim.status {
+        Status::Cancelled | Status::Expired => true,
+        Status::NeedsReview => false,
+        Status::Pending | Status::Active => {
+            claim.allowed_org_ids.iter().any(|o| o == org)
+                || (spot && claim.released_unit_ids.iter().any(|u| u == unit_id))
+        }
+    })
+}
+
 /// Adds the platform ops org to an audience and removes duplicates, keeping order.
 pub fn audience_with_ops(orgs: &[String]) -> Vec<String> {
     let mut out: Vec<String> = Vec::with_capacity(orgs.len() + 1);
@@ -337,6 +352,25 @@ mod tests {
             "acme",
             &[r]
         ));
+    }
+
+    #[test]
+    fn only_the_audience_or_spot_on_released_units_may_place() {
+        let r = rights(Status::Active, &["g1"]);
+        assert!(may_place("tenant-a", "g0", std::slice::from_ref(&r), false));
+        assert!(!may_place("stranger", "g0", std::slice::from_ref(&r), true));
+        assert!(
+            !may_place("stranger", "g1", std::slice::from_ref(&r), false),
+            "released units are spot-only"
+        );
+        assert!(may_place("stranger", "g1", std::slice::from_ref(&r), true));
+        assert!(!may_place(
+            "tenant-a",
+            "g0",
+            &[rights(Status::NeedsReview, &[])],
+            false
+        ));
+        assert!(may_place("stranger", "g0", &[], false));
     }
 
     #[test]

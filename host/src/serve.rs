@@ -78,6 +78,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         });
         demo::seed_and_print(&app, addr, admin.as_deref()).await?;
     }
+    // On a manual clock time only moves through POST /v1/clock, which reconciles itself.
+    if !app.clock.is_manual() {
+        crate::reconciler::spawn(app.clone(), std::time::Duration::from_secs(1));
+    }
     println!("orl listening on http://{addr}");
     std::io::stdout().flush()?;
 

@@ -19,7 +19,8 @@ pub struct ErrorEnvelope {
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
-    /// `NOT_FOUND`, `INVALID_INPUT`, `UNAUTHENTICATED`, `CONFLICT`, `INVALID_STATE`, `PAYLOAD_TOO_LARGE`,
+    /// `NOT_FOUND`, `INVALID_INPUT`, `UNAUTHENTICATED`, `CONFLICT`, `INVALID_STATE`, `UNSUPPORTED`, `ACCESS_DENIED`,
+    /// `CONFIRMATION_REQUIRED`, `QUOTA_EXCEEDED`, `SPEND_LIMIT_REACHED`, `PAYLOAD_TOO_LARGE`,
     /// `METHOD_NOT_ALLOWED`, `INTERNAL`.
     pub code: String,
     pub message: String,
@@ -40,6 +41,11 @@ impl Error {
             Error::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
             Error::Conflict { .. } => (StatusCode::CONFLICT, "CONFLICT"),
             Error::InvalidState(_) => (StatusCode::CONFLICT, "INVALID_STATE"),
+            Error::Unsupported(_) => (StatusCode::BAD_REQUEST, "UNSUPPORTED"),
+            Error::AccessDenied(_) => (StatusCode::FORBIDDEN, "ACCESS_DENIED"),
+            Error::ConfirmationRequired { .. } => (StatusCode::FORBIDDEN, "CONFIRMATION_REQUIRED"),
+            Error::QuotaExceeded { .. } => (StatusCode::CONFLICT, "QUOTA_EXCEEDED"),
+            Error::SpendLimitReached(_) => (StatusCode::PAYMENT_REQUIRED, "SPEND_LIMIT_REACHED"),
             Error::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
         }
@@ -56,6 +62,8 @@ impl IntoResponse for Error {
                 field: Some(field),
             } => (message.clone(), Some(json!({ "field": field }))),
             Error::Conflict { message, details } => (message.clone(), details.clone()),
+            Error::ConfirmationRequired { message, details }
+            | Error::QuotaExceeded { message, details } => (message.clone(), Some(details.clone())),
             other => (other.to_string(), None),
         };
         let envelope = ErrorEnvelope {

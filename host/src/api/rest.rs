@@ -1,9 +1,12 @@
 //! REST `/v1`: one submodule per resource, each contributing its documented routes.
 
 mod audit;
+mod events;
+mod iam;
 mod node_reservations;
 mod nodes;
 mod orgs;
+mod pools;
 
 use std::sync::Arc;
 
@@ -25,6 +28,10 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .merge(nodes::router())
         .merge(node_reservations::router())
         .merge(audit::router())
+        .merge(pools::router())
+        .merge(iam::router())
+        .merge(events::router())
+        .merge(crate::api::rpc::router())
 }
 
 /// Cuts a list fetched with `limit + 1` rows into a page and the cursor of the next one.

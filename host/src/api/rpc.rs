@@ -1,0 +1,108 @@
+//! The reservation RPC: `POST /api/compute/reservations/{method}` with a JSON body.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use crate::api::error::ErrorEnvelope;
+use crate::api::extract::Json;
+use crate::booking::CreateRequest;
+use crate::booking::engine::{
+    self, ExtendInput, Extended, ListInput, ReservationPage, ReservationRef,
+};
+use crate::booking::store::ComputeReservation;
+use crate::iam::Principal;
+use crate::{App, Result};
+
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(create))
+        .routes(routes!(get))
+        .routes(routes!(list))
+        .routes(routes!(release))
+        .routes(routes!(cancel))
+        .routes(routes!(extend))
+        .routes(routes!(renew))
+}
+
+/// Books devices of one pool for a time window after one IAM decision on the draft;
+/// returns the reservation, `placed` or `pending`.
+#[utoipa::path(post, path = "/api/compute/reservations/create", tag = "compute-reservations", request_body = CreateRequest,
+    responses((status = 200, body = ComputeReservation), (status = 400, body = ErrorEnvelope), (status = 402, body = ErrorEnvelope),
+              (status = 403, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+async fn create(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<CreateRequest>,
+) -> Result<Json<ComputeReservation>> {
+    Ok(Json(engine::create(&app, &caller, body).await?))
+}
+
+/// One reservation of the tenant; drafts are `NOT_FOUND`.
+#[utoipa::path(post, path = "/api/compute/reservations/get", tag = "compute-reservations", request_body = ReservationRef,
+    responses((status = 200, body = ComputeReservation), (status = 404, body = ErrorEnvelope)))]
+async fn get(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<ReservationRef>,
+) -> Result<Json<ComputeReservation>> {
+    Ok(Json(engine::get(&app, &caller, body).await?))
+}
+
+/// The tenant's reservations newest first, drafts skipped, one page at a time.
+#[utoipa::path(post, path = "/api/compute/reservations/list", tag = "compute-reservations", request_body = ListInput,
+    responses((status = 200, body = ReservationPage), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
+async fn list(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<ListInput>,
+) -> Result<Json<ReservationPage>> {
+    Ok(Json(engine::list(&app, &caller, body).await?))
+}
+
+/// Ends a reservation now: bookings released, quota refunded, `released` (a pending one is
+/// `cancelled`).
+#[utoipa::path(post, path = "/api/compute/reservations/release", tag = "compute-reservations", request_body = ReservationRef,
+    responses((status = 200, body = ComputeReservation), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+async fn release(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<ReservationRef>,
+) -> Result<Json<ComputeReservation>> {
+    Ok(Json(engine::release(&app, &caller, body).await?))
+}
+
+/// Withdraws a reservation that has not started (`pending` or `placed`).
+#[utoipa::path(post, path = "/api/compute/reservations/cancel", tag = "compute-reservations", request_body = ReservationRef,
+    responses((status = 200, body = ComputeReservation), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+async fn cancel(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<ReservationRef>,
+) -> Result<Json<ComputeReservation>> {
+    Ok(Json(engine::cancel(&app, &caller, body).await?))
+}
+
+/// Moves the end of a placed, binding or active reservation later, all or nothing.
+#[utoipa::path(post, path = "/api/compute/reservations/extend", tag = "compute-reservations", request_body = ExtendInput,
+    responses((status = 200, body = Extended), (status = 400, body = ErrorEnvelope), (status = 403, body = ErrorEnvelope),
+              (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+async fn extend(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<ExtendInput>,
+) -> Result<Json<Extended>> {
+    Ok(Json(engine::extend(&app, &caller, body).await?))
+}
+
+/// Moves the lease deadline to now plus `leaseSeconds`.
+#[utoipa::path(post, path = "/api/compute/reservations/renew", tag = "compute-reservations", request_body = ReservationRef,
+    responses((status = 200, body = ComputeReservation), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+async fn renew(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<ReservationRef>,
+) -> Result<Json<ComputeReservation>> {
+    Ok(Json(engine::renew(&app, &caller, body).await?))
+}

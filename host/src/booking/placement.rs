@@ -1,0 +1,561 @@
+//! Finding units for a reservation: the host computes the feasible candidates (free over
+//! the window, allowed to the tenant at the request's tier, of a requested class, on a node
+//! with room for the host resources), hands compact records to the pool's placer, and
+//! checks the answer before anything is written.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use sqlx::{AnyConnection, Row as _};
+
+use super::store::Reservation;
+use super::{DeviceRequest, HostBooking};
+use crate::Result;
+use crate::inventory::nodes::Node;
+use crate::inventory::{DeviceClass, Unit};
+use crate::node_reservations::may_place;
+use crate::node_reservations::queries::{Filter, load};
+use crate::store::{flag, placeholders};
+
+/// A unit offered to a placer. Strings are interned: `model` indexes the request's models.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CandidateUnit {
+    pub id: u32,
+    pub class: DeviceClass,
+    pub model: u32,
+    pub nvlink_domain: Option<u32>,
+    pub memory_gib: u32,
+}
+
+/// How busy one NVLink domain of a node is over the window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomainLoad {
+    pub domain: u32,
+    pub busy: u32,
+    pub total: u32,
+}
+
+/// A node offered to a placer, with its free candidate units.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CandidateNode {
+    pub id: u32,
+    pub busy_units: u32,
+    pub total_units: u32,
+    pub domains: Vec<DomainLoad>,
+    pub free: Vec<CandidateUnit>,
+}
+
+/// One device entry as a placer sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceAsk {
+    pub class: DeviceClass,
+    pub count: u32,
+    pub model: Option<u32>,
+    pub nvlink_all: bool,
+}
+
+/// A request as a placer sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacementRequest {
+    pub devices: Vec<DeviceAsk>,
+    pub spot: bool,
+    pub duration_seconds: u64,
+    pub models: Vec<String>,
+}
+
+/// A placer's answer: units of one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub node: u32,
+    pub units: Vec<u32>,
+}
+
+/// The seam every placement policy implements, natively or as a WebAssembly component.
+pub trait Placer: Send + Sync {
+    /// Who decides (recorded on every placement), e.g. `builtin:first-fit` or `sha256:…`.
+    fn id(&self) -> String;
+    /// Chooses units, or says why the request is unschedulable.
+    fn place(
+        &self,
+        request: &PlacementRequest,
+        nodes: &[CandidateNode],
+    ) -> std::result::Result<Choice, String>;
+}
+
+/// The built-in placer: the first node (by id) that fits, NVLink domains honoured, lowest
+/// unit ids first.
+pub struct FirstFit;
+
+impl Placer for FirstFit {
+    fn id(&self) -> String {
+        "builtin:first-fit".into()
+    }
+
+    fn place(
+        &self,
+        request: &PlacementRequest,
+        nodes: &[CandidateNode],
+    ) -> std::result::Result<Choice, String> {
+        'nodes: for node in nodes {
+            let mut taken: HashSet<u32> = HashSet::new();
+            for ask in &request.devices {
+                let fits = |u: &&CandidateUnit| {
+                    u.class == ask.class
+                        && ask.model.is_none_or(|m| m == u.model)
+                        && !taken.contains(&u.id)
+                };
+                let chosen: Vec<u32> = if ask.nvlink_all {
+                    let mut by_domain: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+                    for u in node.free.iter().filter(fits) {
+                        if let Some(d) = u.nvlink_domain {
+                            by_domain.entry(d).or_default().push(u.id);
+                        }
+                    }
+                    match by_domain
+                        .into_values()
+                        .find(|units| units.len() >= ask.count as usize)
+                    {
+                        Some(units) => units.into_iter().take(ask.count as usize).collect(),
+                        None => continue 'nodes,
+                    }
+                } else {
+                    let units: Vec<u32> = node
+                        .free
+                        .iter()
+                        .filter(fits)
+                        .map(|u| u.id)
+                        .take(ask.count as usize)
+                        .collect();
+                    if units.len() < ask.count as usize {
+                        continue 'nodes;
+                    }
+                    units
+                };
+                taken.extend(chosen);
+            }
+            let mut units: Vec<u32> = taken.into_iter().collect();
+            units.sort_unstable();
+            return Ok(Choice {
+                node: node.id,
+                units,
+            });
+        }
+        Err("no node of the pool has the requested devices free over the window".into())
+    }
+}
+
+/// Checks a placer's answer against what it was offered: one node, exactly the requested
+/// number of distinct offered units of each class and model, NVLink domains honoured.
+pub fn check_choice(
+    request: &PlacementRequest,
+    nodes: &[CandidateNode],
+    choice: &Choice,
+) -> std::result::Result<(), String> {
+    let node = nodes
+        .iter()
+        .find(|n| n.id == choice.node)
+        .ok_or_else(|| format!("node {} was not offered", choice.node))?;
+    let offered: HashMap<u32, &CandidateUnit> = node.free.iter().map(|u| (u.id, u)).collect();
+    let mut seen = HashSet::new();
+    let mut chosen = Vec::new();
+    for id in &choice.units {
+        if !seen.insert(*id) {
+            return Err(format!("unit {id} chosen twice"));
+        }
+        chosen.push(
+            *offered
+                .get(id)
+                .ok_or_else(|| format!("unit {id} was not offered on node {}", choice.node))?,
+        );
+    }
+    let wanted: u32 = request.devices.iter().map(|d| d.count).sum();
+    if chosen.len() != wanted as usize {
+        return Err(format!("{} units chosen, {wanted} requested", chosen.len()));
+    }
+    // Assign chosen units to device entries, most constrained entries first.
+    let mut remaining = chosen;
+    let mut asks: Vec<&DeviceAsk> = request.devices.iter().collect();
+    asks.sort_by_key(|a| (!a.nvlink_all, a.model.is_none()));
+    for ask in asks {
+        let matching: Vec<&CandidateUnit> = remaining
+            .iter()
+            .copied()
+            .filter(|u| u.class == ask.class && ask.model.is_none_or(|m| m == u.model))
+            .collect();
+        let pick: Vec<&CandidateUnit> = if ask.nvlink_all {
+            let mut by_domain: BTreeMap<u32, Vec<&CandidateUnit>> = BTreeMap::new();
+            for u in matching {
+                if let Some(d) = u.nvlink_domain {
+                    by_domain.entry(d).or_default().push(u);
+                }
+            }
+            by_domain
+                .into_values()
+                .find(|units| units.len() >= ask.count as usize)
+                .ok_or_else(|| {
+                    format!(
+                        "no {} {} units in one NVLink domain among those chosen",
+                        ask.count,
+                        ask.class.as_str()
+                    )
+                })?
+                .into_iter()
+                .take(ask.count as usize)
+                .collect()
+        } else {
+            matching.into_iter().take(ask.count as usize).collect()
+        };
+        if pick.len() < ask.count as usize {
+            return Err(format!("too few {} units chosen", ask.class.as_str()));
+        }
+        let picked: HashSet<u32> = pick.iter().map(|u| u.id).collect();
+        remaining.retain(|u| !picked.contains(&u.id));
+    }
+    Ok(())
+}
+
+/// What the database says about a pool's nodes over a window.
+pub struct Snapshot {
+    pub nodes: Vec<Node>,
+    busy: HashSet<(String, String)>,
+    host_used: HashMap<String, HostBooking>,
+    claims: HashMap<(String, String), Vec<crate::node_reservations::Rights>>,
+}
+
+impl Snapshot {
+    /// Reads the pool's nodes, their bookings overlapping `[start, end)` (other than the
+    /// reservation's own), and the node reservations claiming their units.
+    pub async fn load(
+        conn: &mut AnyConnection,
+        pool_node_ids: &[String],
+        own: &str,
+        start: i64,
+        end: i64,
+        now: i64,
+    ) -> Result<Snapshot> {
+        let mut nodes = Vec::new();
+        for id in pool_node_ids {
+            if let Some(node) = crate::inventory::nodes::find(conn, id).await? {
+                nodes.push(node);
+            }
+        }
+        let mut busy = HashSet::new();
+        let mut host_used: HashMap<String, HostBooking> = HashMap::new();
+        if !pool_node_ids.is_empty() {
+            let in_list = placeholders(5, pool_node_ids.len());
+            let sql = format!(
+                "SELECT node_id, unit_id FROM bookings
+                 WHERE active = $1 AND reservation_id <> $2 AND start_ms < $3 AND end_ms > $4 AND node_id IN ({in_list})"
+            );
+            let mut query = sqlx::query(&sql).bind(true).bind(own).bind(end).bind(start);
+            for id in pool_node_ids {
+                query = query.bind(id);
+            }
+            for row in query.fetch_all(&mut *conn).await? {
+                busy.insert((row.get("node_id"), row.get("unit_id")));
+            }
+            let sql = format!(
+                "SELECT node_id, vcpu, memory_gib, hugepages_1gi, active FROM host_bookings
+                 WHERE active = $1 AND reservation_id <> $2 AND start_ms < $3 AND end_ms > $4 AND node_id IN ({in_list})"
+            );
+            let mut query = sqlx::query(&sql).bind(true).bind(own).bind(end).bind(start);
+            for id in pool_node_ids {
+                query = query.bind(id);
+            }
+            for row in query.fetch_all(&mut *conn).await? {
+                if !flag(&row, "active") {
+                    continue;
+                }
+                let used = host_used.entry(row.get("node_id")).or_default();
+                used.vcpu += row.get::<i64, _>("vcpu");
+                used.memory_gib += row.get::<i64, _>("memory_gib");
+                used.hugepages_1gi += row.get::<i64, _>("hugepages_1gi");
+            }
+        }
+        let mut claims: HashMap<(String, String), Vec<crate::node_reservations::Rights>> =
+            HashMap::new();
+        for record in load(conn, Filter::LiveAt(now), "").await? {
+            if !pool_node_ids.contains(&record.node_id)
+                || !record.term.overlaps(&crate::node_reservations::Term {
+                    starts_at: start,
+                    ends_at: Some(end),
+                })
+            {
+                continue;
+            }
+            let rights = record.rights(now);
+            for unit in &record.unit_ids {
+                claims
+                    .entry((record.node_id.clone(), unit.clone()))
+                    .or_default()
+                    .push(rights.clone());
+            }
+        }
+        Ok(Snapshot {
+            nodes,
+            busy,
+            host_used,
+            claims,
+        })
+    }
+
+    /// The feasible candidates for `reservation`, and the unit behind each candidate id.
+    pub fn candidates(
+        &self,
+        reservation: &Reservation,
+    ) -> (PlacementRequest, Vec<CandidateNode>, Vec<(usize, usize)>) {
+        let request = &reservation.request;
+        let mut models: Vec<String> = Vec::new();
+        let intern = |model: &str, models: &mut Vec<String>| -> u32 {
+            match models.iter().position(|m| m == model) {
+                Some(i) => i as u32,
+                None => {
+                    models.push(model.to_string());
+                    (models.len() - 1) as u32
+                }
+            }
+        };
+        let devices: Vec<DeviceAsk> = request
+            .devices
+            .iter()
+            .map(|d| DeviceAsk {
+                class: d.class,
+                count: d.count as u32,
+                model: d
+                    .selector
+                    .as_ref()
+                    .and_then(|s| s.model.as_deref())
+                    .map(|m| intern(m, &mut models)),
+                nvlink_all: request.nvlink_all(d),
+            })
+            .collect();
+        let mut index = Vec::new();
+        let mut nodes = Vec::new();
+        for (n, node) in self.nodes.iter().enumerate() {
+            if !has_room(
+                &node.host,
+                self.host_used.get(&node.id),
+                reservation.resources,
+            ) {
+                continue;
+            }
+            let mut domains: Vec<String> = Vec::new();
+            let mut loads: BTreeMap<u32, DomainLoad> = BTreeMap::new();
+            let mut free = Vec::new();
+            let mut busy_units = 0;
+            for (u, unit) in node.units.iter().enumerate() {
+                let domain = unit.nvlink_domain.as_deref().map(|d| {
+                    match domains.iter().position(|x| x == d) {
+                        Some(i) => i as u32,
+                        None => {
+                            domains.push(d.to_string());
+                            (domains.len() - 1) as u32
+                        }
+                    }
+                });
+                let busy = self.busy.contains(&(node.id.clone(), unit.id.clone()));
+                busy_units += u32::from(busy);
+                if let Some(d) = domain {
+                    let load = loads.entry(d).or_insert(DomainLoad {
+                        domain: d,
+                        busy: 0,
+                        total: 0,
+                    });
+                    load.total += 1;
+                    load.busy += u32::from(busy);
+                }
+                let claims = self
+                    .claims
+                    .get(&(node.id.clone(), unit.id.clone()))
+                    .map_or(&[][..], Vec::as_slice);
+                let usable = !busy
+                    && unit.sellable
+                    && request.devices.iter().any(|d| matches(d, unit))
+                    && may_place(&reservation.tenant_id, &unit.id, claims, reservation.spot);
+                if usable {
+                    free.push(CandidateUnit {
+                        id: index.len() as u32,
+                        class: unit.device_class,
+                        model: intern(&unit.model, &mut models),
+                        nvlink_domain: domain,
+                        memory_gib: unit.memory_gib.clamp(0, i64::from(u32::MAX)) as u32,
+                    });
+                    index.push((n, u));
+                }
+            }
+            if !free.is_empty() {
+                nodes.push(CandidateNode {
+                    id: n as u32,
+                    busy_units,
+                    total_units: node.units.len() as u32,
+                    domains: loads.into_values().collect(),
+                    free,
+                });
+            }
+        }
+        let placement_request = PlacementRequest {
+            devices,
+            spot: reservation.spot,
+            duration_seconds: ((reservation.end_ms - reservation.start_ms) / 1000).max(0) as u64,
+            models,
+        };
+        (placement_request, nodes, index)
+    }
+}
+
+fn matches(device: &DeviceRequest, unit: &Unit) -> bool {
+    device.class == unit.device_class
+        && device.selector.as_ref().is_none_or(|s| {
+            s.model.as_ref().is_none_or(|m| *m == unit.model)
+                && s.memory_gib.is_none_or(|min| unit.memory_gib >= min)
+        })
+}
+
+fn has_room(
+    host: &crate::inventory::HostResources,
+    used: Option<&HostBooking>,
+    want: HostBooking,
+) -> bool {
+    let used = used.copied().unwrap_or_default();
+    used.vcpu + want.vcpu <= host.vcpu
+        && used.memory_gib + want.memory_gib <= host.memory_gib
+        && used.hugepages_1gi + want.hugepages_1gi <= host.hugepages_1gi
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(id: u32, domain: u32) -> CandidateUnit {
+        CandidateUnit {
+            id,
+            class: DeviceClass::Gpu,
+            model: 0,
+            nvlink_domain: Some(domain),
+            memory_gib: 80,
+        }
+    }
+
+    fn node(id: u32, units: Vec<CandidateUnit>) -> CandidateNode {
+        CandidateNode {
+            id,
+            busy_units: 0,
+            total_units: 8,
+            domains: vec![],
+            free: units,
+        }
+    }
+
+    fn ask(count: u32, nvlink_all: bool) -> PlacementRequest {
+        PlacementRequest {
+            devices: vec![DeviceAsk {
+                class: DeviceClass::Gpu,
+                count,
+                model: None,
+                nvlink_all,
+            }],
+            spot: false,
+            duration_seconds: 3600,
+            models: vec!["H100".into()],
+        }
+    }
+
+    #[test]
+    fn first_fit_honours_nvlink_all() {
+        let nodes = vec![
+            node(0, vec![unit(0, 0), unit(1, 1), unit(2, 1)]),
+            node(1, vec![unit(3, 0), unit(4, 0)]),
+        ];
+        assert_eq!(
+            FirstFit.place(&ask(2, true), &nodes),
+            Ok(Choice {
+                node: 0,
+                units: vec![1, 2]
+            })
+        );
+        assert_eq!(
+            FirstFit.place(&ask(3, false), &nodes),
+            Ok(Choice {
+                node: 0,
+                units: vec![0, 1, 2]
+            })
+        );
+        assert!(FirstFit.place(&ask(3, true), &nodes).is_err());
+    }
+
+    #[test]
+    fn answers_with_unknown_duplicate_or_wrong_units_are_refused() {
+        let nodes = vec![node(0, vec![unit(0, 0), unit(1, 0), unit(2, 1)])];
+        let req = ask(2, true);
+        assert!(
+            check_choice(
+                &req,
+                &nodes,
+                &Choice {
+                    node: 0,
+                    units: vec![0, 1]
+                }
+            )
+            .is_ok()
+        );
+        assert!(
+            check_choice(
+                &req,
+                &nodes,
+                &Choice {
+                    node: 0,
+                    units: vec![0, 0]
+                }
+            )
+            .unwrap_err()
+            .contains("twice")
+        );
+        assert!(
+            check_choice(
+                &req,
+                &nodes,
+                &Choice {
+                    node: 0,
+                    units: vec![0, 9]
+                }
+            )
+            .unwrap_err()
+            .contains("not offered")
+        );
+        assert!(
+            check_choice(
+                &req,
+                &nodes,
+                &Choice {
+                    node: 5,
+                    units: vec![0, 1]
+                }
+            )
+            .unwrap_err()
+            .contains("node 5")
+        );
+        assert!(
+            check_choice(
+                &req,
+                &nodes,
+                &Choice {
+                    node: 0,
+                    units: vec![0]
+                }
+            )
+            .unwrap_err()
+            .contains("1 units chosen")
+        );
+        assert!(
+            check_choice(
+                &req,
+                &nodes,
+                &Choice {
+                    node: 0,
+                    units: vec![0, 2]
+                }
+            )
+            .unwrap_err()
+            .contains("NVLink")
+        );
+    }
+}

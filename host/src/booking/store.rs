@@ -1,0 +1,488 @@
+//! Compute reservations and their bookings in the database, and the reservation as the
+//! API shows it.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row as _};
+
+use super::{Binding, CreateRequest, HostBooking, State};
+use crate::Result;
+use crate::store::{flag, placeholders, to_json};
+
+/// A condition on a reservation (`Unschedulable`, `Queued`, …).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub reason: String,
+    pub message: String,
+    /// Epoch milliseconds.
+    pub since: i64,
+}
+
+/// A compute reservation as stored.
+#[derive(Clone, Debug)]
+pub struct Reservation {
+    pub id: String,
+    pub tenant_id: String,
+    pub pool_id: String,
+    pub project_id: Option<String>,
+    pub caller_key_id: String,
+    pub idempotency_key: String,
+    pub request: CreateRequest,
+    pub state: State,
+    pub spot: bool,
+    pub binding: Binding,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub lease_seconds: Option<i64>,
+    pub lease_deadline_ms: Option<i64>,
+    pub resources: HostBooking,
+    /// What quota holds for it; `None` when nothing is charged.
+    pub charge: Option<BTreeMap<String, i64>>,
+    pub conditions: Vec<Condition>,
+    pub reason: Option<String>,
+    pub node_id: Option<String>,
+    pub placed_by: Option<String>,
+    pub confirmation_id: Option<String>,
+    pub extend_started_ms: Option<i64>,
+    pub next_attempt_ms: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// Units booked, in placement order (after placement).
+    pub unit_ids: Vec<String>,
+}
+
+impl Reservation {
+    /// Sets or replaces the condition of `kind`.
+    pub fn set_condition(&mut self, kind: &str, reason: &str, message: String, now: i64) {
+        self.conditions.retain(|c| c.kind != kind);
+        self.conditions.push(Condition {
+            kind: kind.into(),
+            reason: reason.into(),
+            message,
+            since: now,
+        });
+    }
+
+    pub fn clear_condition(&mut self, kind: &str) {
+        self.conditions.retain(|c| c.kind != kind);
+    }
+
+    pub fn view(&self) -> ComputeReservation {
+        ComputeReservation {
+            id: self.id.clone(),
+            tenant_id: self.tenant_id.clone(),
+            pool_id: self.pool_id.clone(),
+            project_id: self.project_id.clone(),
+            state: self.state,
+            spot: self.spot,
+            start: self.start_ms,
+            end: self.end_ms,
+            lease_seconds: self.lease_seconds,
+            lease_deadline: self.lease_deadline_ms,
+            resources: self.resources,
+            conditions: self.conditions.clone(),
+            reason: self.reason.clone(),
+            placement: self.node_id.as_ref().map(|node| Placement {
+                node_id: node.clone(),
+                unit_ids: self.unit_ids.clone(),
+                placed_by: self.placed_by.clone(),
+            }),
+            request: self.request.clone(),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        }
+    }
+}
+
+/// Where a reservation's devices are.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    pub node_id: String,
+    pub unit_ids: Vec<String>,
+    /// The policy that chose the units.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placed_by: Option<String>,
+}
+
+/// A compute reservation as the API shows it. Instants are epoch milliseconds.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComputeReservation {
+    pub id: String,
+    pub tenant_id: String,
+    pub pool_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project_id: Option<String>,
+    pub state: State,
+    pub spot: bool,
+    pub start: i64,
+    pub end: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_seconds: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_deadline: Option<i64>,
+    /// Host resources booked with the devices.
+    pub resources: HostBooking,
+    pub conditions: Vec<Condition>,
+    /// Why it ended (`release`, `lease-lapsed`, `window-ended`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// The request as created (without `wait`).
+    pub request: CreateRequest,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+const COLUMNS: &str = "id, tenant_id, pool_id, project_id, caller_key_id, idempotency_key, request, state, spot, binding,
+    start_ms, end_ms, lease_seconds, lease_deadline_ms, resources, charge, conditions, reason, node_id, placed_by,
+    confirmation_id, extend_started_ms, next_attempt_ms, created_at, updated_at";
+
+fn decode<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| anyhow::anyhow!("stored {what}: {e}").into())
+}
+
+fn from_row(r: &AnyRow, unit_ids: Vec<String>) -> Result<Reservation> {
+    let state: String = r.get("state");
+    let binding: String = r.get("binding");
+    Ok(Reservation {
+        id: r.get("id"),
+        tenant_id: r.get("tenant_id"),
+        pool_id: r.get("pool_id"),
+        project_id: r.get("project_id"),
+        caller_key_id: r.get("caller_key_id"),
+        idempotency_key: r.get("idempotency_key"),
+        request: decode("request", &r.get::<String, _>("request"))?,
+        state: State::parse(&state).ok_or_else(|| anyhow::anyhow!("stored state {state:?}"))?,
+        spot: flag(r, "spot"),
+        binding: decode("binding", &format!("\"{binding}\""))?,
+        start_ms: r.get("start_ms"),
+        end_ms: r.get("end_ms"),
+        lease_seconds: r.get("lease_seconds"),
+        lease_deadline_ms: r.get("lease_deadline_ms"),
+        resources: decode("resources", &r.get::<String, _>("resources"))?,
+        charge: r
+            .get::<Option<String>, _>("charge")
+            .map(|c| decode("charge", &c))
+            .transpose()?,
+        conditions: decode("conditions", &r.get::<String, _>("conditions"))?,
+        reason: r.get("reason"),
+        node_id: r.get("node_id"),
+        placed_by: r.get("placed_by"),
+        confirmation_id: r.get("confirmation_id"),
+        extend_started_ms: r.get("extend_started_ms"),
+        next_attempt_ms: r.get("next_attempt_ms"),
+        created_at: r.get("created_at"),
+        updated_at: r.get("updated_at"),
+        unit_ids,
+    })
+}
+
+/// Loads reservations with their booked units.
+async fn load(conn: &mut AnyConnection, rows: Vec<AnyRow>) -> Result<Vec<Reservation>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = rows.iter().map(|r| r.get("id")).collect();
+    let sql = format!(
+        "SELECT reservation_id, unit_id FROM bookings WHERE reservation_id IN ({}) ORDER BY reservation_id, unit_id",
+        placeholders(1, ids.len())
+    );
+    let mut query = sqlx::query(&sql);
+    for id in &ids {
+        query = query.bind(id);
+    }
+    let mut units: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for row in query.fetch_all(&mut *conn).await? {
+        units
+            .entry(row.get("reservation_id"))
+            .or_default()
+            .push(row.get("unit_id"));
+    }
+    rows.iter()
+        .map(|r| {
+            from_row(
+                r,
+                units.remove(&r.get::<String, _>("id")).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The reservation with `id`; `lock` is the row-lock clause for a read-then-write.
+pub async fn find(conn: &mut AnyConnection, id: &str, lock: &str) -> Result<Option<Reservation>> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM compute_reservations WHERE id = $1{lock}"
+    ))
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(load(conn, rows).await?.into_iter().next())
+}
+
+/// Reservations in `states`, oldest first (the reconciler's work lists).
+pub async fn in_states(conn: &mut AnyConnection, states: &[State]) -> Result<Vec<Reservation>> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM compute_reservations WHERE state IN ({}) ORDER BY created_at, id",
+        placeholders(1, states.len())
+    );
+    let mut query = sqlx::query(&sql);
+    for state in states {
+        query = query.bind(state.as_str());
+    }
+    let rows = query.fetch_all(&mut *conn).await?;
+    load(conn, rows).await
+}
+
+/// A page of a tenant's reservations, newest first (by id, which sorts by time), drafts
+/// skipped.
+pub async fn page(
+    conn: &mut AnyConnection,
+    tenant_id: &str,
+    state: Option<State>,
+    pool_id: Option<&str>,
+    caller_key_id: Option<&str>,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Reservation>> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM compute_reservations
+         WHERE tenant_id = $1 AND state NOT IN ('draft', 'awaiting-confirmation')
+           AND ($2 IS NULL OR state = $2) AND ($3 IS NULL OR pool_id = $3)
+           AND ($4 IS NULL OR caller_key_id = $4) AND ($5 IS NULL OR id < $5)
+         ORDER BY id DESC LIMIT $6"
+    ))
+    .bind(tenant_id)
+    .bind(state.map(State::as_str))
+    .bind(pool_id)
+    .bind(caller_key_id)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    load(conn, rows).await
+}
+
+/// Writes a new reservation (a draft).
+pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<()> {
+    sqlx::query(&format!(
+        "INSERT INTO compute_reservations ({COLUMNS})
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)"
+    ))
+    .bind(&r.id)
+    .bind(&r.tenant_id)
+    .bind(&r.pool_id)
+    .bind(&r.project_id)
+    .bind(&r.caller_key_id)
+    .bind(&r.idempotency_key)
+    .bind(to_json(&r.request))
+    .bind(r.state.as_str())
+    .bind(r.spot)
+    .bind(binding_str(r.binding))
+    .bind(r.start_ms)
+    .bind(r.end_ms)
+    .bind(r.lease_seconds)
+    .bind(r.lease_deadline_ms)
+    .bind(to_json(&r.resources))
+    .bind(r.charge.as_ref().map(to_json))
+    .bind(to_json(&r.conditions))
+    .bind(&r.reason)
+    .bind(&r.node_id)
+    .bind(&r.placed_by)
+    .bind(&r.confirmation_id)
+    .bind(r.extend_started_ms)
+    .bind(r.next_attempt_ms)
+    .bind(r.created_at)
+    .bind(r.updated_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn binding_str(binding: Binding) -> &'static str {
+    match binding {
+        Binding::Hold => "hold",
+        Binding::Node => "node",
+        Binding::Kubernetes => "kubernetes",
+    }
+}
+
+/// Writes every mutable column of `r`, if it is still in `expected` state; returns whether
+/// it was (so two replicas never both move one reservation).
+pub async fn update(conn: &mut AnyConnection, r: &Reservation, expected: State) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE compute_reservations SET state = $1, start_ms = $2, end_ms = $3, lease_deadline_ms = $4, resources = $5,
+             charge = $6, conditions = $7, reason = $8, node_id = $9, placed_by = $10, confirmation_id = $11,
+             extend_started_ms = $12, next_attempt_ms = $13, updated_at = $14
+         WHERE id = $15 AND state = $16",
+    )
+    .bind(r.state.as_str())
+    .bind(r.start_ms)
+    .bind(r.end_ms)
+    .bind(r.lease_deadline_ms)
+    .bind(to_json(&r.resources))
+    .bind(r.charge.as_ref().map(to_json))
+    .bind(to_json(&r.conditions))
+    .bind(&r.reason)
+    .bind(&r.node_id)
+    .bind(&r.placed_by)
+    .bind(&r.confirmation_id)
+    .bind(r.extend_started_ms)
+    .bind(r.next_attempt_ms)
+    .bind(r.updated_at)
+    .bind(&r.id)
+    .bind(expected.as_str())
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Books `units` of `node_id` and its host resources for the reservation over its window.
+pub async fn insert_bookings(
+    conn: &mut AnyConnection,
+    r: &Reservation,
+    node_id: &str,
+    units: &[String],
+) -> sqlx::Result<()> {
+    for unit in units {
+        sqlx::query(
+            "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&r.id)
+        .bind(node_id)
+        .bind(unit)
+        .bind(r.start_ms)
+        .bind(r.end_ms)
+        .bind(r.spot)
+        .bind(true)
+        .execute(&mut *conn)
+        .await?;
+    }
+    let host = r.resources;
+    if host != HostBooking::default() {
+        sqlx::query(
+            "INSERT INTO host_bookings (reservation_id, node_id, vcpu, memory_gib, hugepages_1gi, start_ms, end_ms, active)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&r.id)
+        .bind(node_id)
+        .bind(host.vcpu)
+        .bind(host.memory_gib)
+        .bind(host.hugepages_1gi)
+        .bind(r.start_ms)
+        .bind(r.end_ms)
+        .bind(true)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Ends a reservation's bookings at `now` (or drops them if they had not started): they
+/// stop claiming their units at once.
+pub async fn release_bookings(conn: &mut AnyConnection, id: &str, now: i64) -> Result<()> {
+    for table in ["bookings", "host_bookings"] {
+        sqlx::query(&format!(
+            "UPDATE {table} SET active = $1,
+                 end_ms = CASE WHEN end_ms < $2 THEN end_ms WHEN start_ms > $2 THEN start_ms ELSE $2 END
+             WHERE reservation_id = $3 AND active = $4"
+        ))
+        .bind(false)
+        .bind(now)
+        .bind(id)
+        .bind(true)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Moves the end of a reservation's active bookings.
+pub async fn extend_bookings(conn: &mut AnyConnection, id: &str, end_ms: i64) -> sqlx::Result<()> {
+    for table in ["bookings", "host_bookings"] {
+        sqlx::query(&format!(
+            "UPDATE {table} SET end_ms = $1 WHERE reservation_id = $2 AND active = $3"
+        ))
+        .bind(end_ms)
+        .bind(id)
+        .bind(true)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// The earliest start of another active booking of any of `units` on `node_id` that begins
+/// at or after `from` and before `until`.
+pub async fn next_booking_start(
+    conn: &mut AnyConnection,
+    id: &str,
+    node_id: &str,
+    units: &[String],
+    from: i64,
+    until: i64,
+) -> Result<Option<i64>> {
+    let sql = format!(
+        "SELECT MIN(start_ms) FROM bookings
+         WHERE active = $1 AND node_id = $2 AND reservation_id <> $3 AND start_ms >= $4 AND start_ms < $5
+           AND unit_id IN ({})",
+        placeholders(6, units.len())
+    );
+    let mut query = sqlx::query_scalar::<_, Option<i64>>(&sql)
+        .bind(true)
+        .bind(node_id)
+        .bind(id)
+        .bind(from)
+        .bind(until);
+    for unit in units {
+        query = query.bind(unit);
+    }
+    Ok(query.fetch_one(conn).await?)
+}
+
+/// Adds `charge` to (or, negated, removes it from) a tenant's quota usage. With `limits`,
+/// the addition only happens where it fits; returns the first resource that did not.
+pub async fn apply_charge(
+    conn: &mut AnyConnection,
+    pool_id: &str,
+    tenant_id: &str,
+    charge: &BTreeMap<String, i64>,
+    sign: i64,
+    limits: Option<&BTreeMap<String, i64>>,
+) -> Result<Option<String>> {
+    for (resource, amount) in charge.iter().filter(|(_, a)| **a != 0) {
+        sqlx::query(
+            "INSERT INTO quota_usage (pool_id, tenant_id, resource, used) VALUES ($1, $2, $3, 0)
+             ON CONFLICT (pool_id, tenant_id, resource) DO NOTHING",
+        )
+        .bind(pool_id)
+        .bind(tenant_id)
+        .bind(resource)
+        .execute(&mut *conn)
+        .await?;
+        let limit = limits.map(|l| l.get(resource).copied().unwrap_or(0));
+        let done = sqlx::query(
+            "UPDATE quota_usage SET used = used + $1
+             WHERE pool_id = $2 AND tenant_id = $3 AND resource = $4 AND ($5 IS NULL OR used + $1 <= $5)",
+        )
+        .bind(sign * amount)
+        .bind(pool_id)
+        .bind(tenant_id)
+        .bind(resource)
+        .bind(limit)
+        .execute(&mut *conn)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Ok(Some(resource.clone()));
+        }
+    }
+    Ok(None)
+}

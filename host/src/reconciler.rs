@@ -1,0 +1,134 @@
+//! The reconciler: drives compute reservations in time. `placed → active` at the window's
+//! start, `expired` at its end, `released` (`lease-lapsed`) when a lease is not renewed,
+//! retries `pending` every 30 s (queued ones as capacity frees), and times out
+//! `awaiting-confirmation` after 30 minutes. Every move is a conditional update on the
+//! reservation's current state, so several replicas may run it at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::booking::State;
+use crate::booking::engine::{self, terminate};
+use crate::booking::store::{self, Reservation};
+use crate::iam::confirmations::CONFIRMATION_WINDOW_MS;
+use crate::{App, Result, events};
+
+/// One pass over every reservation that time may move.
+pub async fn run_once(app: &App) -> Result<()> {
+    let now = app.now_ms();
+    let work = {
+        let mut conn = app.store.pool().acquire().await?;
+        store::in_states(
+            &mut conn,
+            &[
+                State::AwaitingConfirmation,
+                State::Placed,
+                State::Active,
+                State::Pending,
+            ],
+        )
+        .await?
+    };
+    let mut freed_pools: Vec<String> = Vec::new();
+    for r in work {
+        let transition = match r.state {
+            State::AwaitingConfirmation if r.created_at + CONFIRMATION_WINDOW_MS <= now => {
+                Some((State::Expired, "confirmation-timeout"))
+            }
+            State::Placed | State::Active if r.lease_deadline_ms.is_some_and(|d| d <= now) => {
+                Some((State::Released, "lease-lapsed"))
+            }
+            State::Placed | State::Active | State::Pending if r.end_ms <= now => {
+                Some((State::Expired, "window-ended"))
+            }
+            _ => None,
+        };
+        if let Some((state, reason)) = transition {
+            if finish(app, r.clone(), state, reason).await?
+                && r.state != State::AwaitingConfirmation
+            {
+                freed_pools.push(r.pool_id.clone());
+            }
+            continue;
+        }
+        match r.state {
+            State::Placed if r.start_ms <= now => activate(app, r).await?,
+            State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => {
+                engine::retry(app, &r.id).await?;
+            }
+            _ => {}
+        }
+    }
+    freed_pools.sort();
+    freed_pools.dedup();
+    for pool in freed_pools {
+        wake_pool(app, &pool).await?;
+    }
+    Ok(())
+}
+
+async fn finish(app: &App, mut r: Reservation, state: State, reason: &str) -> Result<bool> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let done = terminate(&mut tx, &mut r, state, reason, now).await?;
+    if done && reason == "confirmation-timeout" {
+        sqlx::query("UPDATE confirmations SET state = 'expired' WHERE reservation_id = $1 AND state = 'pending'")
+            .bind(&r.id)
+            .execute(&mut **tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// A held reservation becomes active at its start (`hold` needs no node to bind).
+async fn activate(app: &App, mut r: Reservation) -> Result<()> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    r.state = State::Active;
+    r.updated_at = now;
+    if store::update(&mut tx, &r, State::Placed).await? {
+        let payload = json!({ "reservation": r.view() });
+        events::emit(
+            &mut tx,
+            "reservation.active",
+            &r.id,
+            &[&r.tenant_id],
+            &payload,
+            now,
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Freed capacity: tries the pool's pending reservations again, oldest first.
+pub async fn wake_pool(app: &App, pool_id: &str) -> Result<()> {
+    let pending: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM compute_reservations WHERE pool_id = $1 AND state = 'pending' ORDER BY created_at, id",
+    )
+    .bind(pool_id)
+    .fetch_all(app.store.pool())
+    .await?;
+    for id in pending {
+        engine::retry(app, &id).await?;
+    }
+    Ok(())
+}
+
+/// Runs the reconciler every `every` until the process stops.
+pub fn spawn(app: Arc<App>, every: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(err) = run_once(&app).await {
+                tracing::warn!(error = %err, "reconciler pass failed");
+            }
+        }
+    })
+}
