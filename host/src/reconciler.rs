@@ -108,7 +108,7 @@ async fn activate(app: &App, mut r: Reservation) -> Result<()> {
 /// Freed capacity: tries the pool's pending reservations again, oldest first.
 pub async fn wake_pool(app: &App, pool_id: &str) -> Result<()> {
     let pending: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM compute_reservations WHERE pool_id = $1 AND state = 'pending' ORDER BY created_at, id",
+        "SELECT id FROM compute_reservations WHERE pool_id = $1 AND state = 'pending' ORDER BY position",
     )
     .bind(pool_id)
     .fetch_all(app.store.pool())

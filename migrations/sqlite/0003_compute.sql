@@ -40,6 +40,8 @@ CREATE TABLE quota_usage (
 
 CREATE TABLE compute_reservations (
     id                   TEXT PRIMARY KEY,
+    -- Creation order (ties only between concurrent creates): queues and lists follow it.
+    position             BIGINT NOT NULL,
     tenant_id            TEXT NOT NULL REFERENCES orgs (id),
     pool_id              TEXT NOT NULL REFERENCES pools (id),
     project_id           TEXT,
@@ -65,7 +67,7 @@ CREATE TABLE compute_reservations (
     created_at           BIGINT NOT NULL,
     updated_at           BIGINT NOT NULL
 );
-CREATE INDEX compute_reservations_tenant ON compute_reservations (tenant_id, id);
+CREATE INDEX compute_reservations_tenant ON compute_reservations (tenant_id, position);
 CREATE INDEX compute_reservations_state ON compute_reservations (state);
 
 -- One unit held by one compute reservation over [start_ms, end_ms).

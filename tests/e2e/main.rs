@@ -7,6 +7,7 @@ mod audit;
 mod auth;
 mod bootstrap;
 mod cli;
+mod compute;
 mod input;
 mod inventory;
 mod keys;

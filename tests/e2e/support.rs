@@ -436,3 +436,25 @@ pub async fn audit_count(server: &Server) -> usize {
         }
     }
 }
+
+/// The id a create with `key` by the tenant's first key was given (read from the
+/// database, for drafts and refused requests the API does not show).
+pub async fn reservation_id_of(server: &Server, tenant: &str, key: &str) -> String {
+    use sqlx::Connection as _;
+    let url = server.db.url.clone().unwrap_or_else(|| {
+        format!(
+            "sqlite://{}",
+            server.data_dir.path().join("orl.db").display()
+        )
+    });
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&url).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT id FROM compute_reservations WHERE tenant_id = $1 AND idempotency_key = $2",
+    )
+    .bind(tenant)
+    .bind(key)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+}

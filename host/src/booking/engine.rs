@@ -167,6 +167,39 @@ pub async fn create(
     Ok(reservation.view())
 }
 
+/// What the database says before a create decides: the stored reservation under this id,
+/// the pool and the tenant's offer, the pool's nodes, the tenant's policy.
+struct Context {
+    existing: Option<Reservation>,
+    confirmation: Option<String>,
+    pool: Pool,
+    offer: Option<Offer>,
+    snapshot: Snapshot,
+    policy: Option<String>,
+}
+
+async fn read_context(app: &App, id: &str, request: &CreateRequest, now: i64) -> Result<Context> {
+    let mut conn = app.store.pool().acquire().await?;
+    let existing = store::find(&mut conn, id, "").await?;
+    let confirmation = match &existing {
+        Some(r) if r.state == State::AwaitingConfirmation => {
+            Some(confirmation_state(&mut conn, r).await?)
+        }
+        _ => None,
+    };
+    let (pool, offer) = bookable_pool(&mut conn, &request.pool_id, &request.tenant_id).await?;
+    let snapshot = Snapshot::load(&mut conn, &pool.node_ids, id, now, now, now).await?;
+    let policy = policy::find(&mut conn, &request.tenant_id).await?;
+    Ok(Context {
+        existing,
+        confirmation,
+        pool,
+        offer,
+        snapshot,
+        policy,
+    })
+}
+
 async fn decide_and_place(
     app: &App,
     caller: &Principal,
@@ -175,10 +208,14 @@ async fn decide_and_place(
     binding: Binding,
 ) -> Result<Reservation> {
     let now = app.now_ms();
-    let mut conn = app.store.pool().acquire().await?;
-    let existing = store::find(&mut conn, id, "").await?;
+    // Reads happen on a connection that is given back before any write transaction begins,
+    // so concurrent creates never hold one connection while waiting for another.
+    let replay = {
+        let mut conn = app.store.pool().acquire().await?;
+        store::find(&mut conn, id, "").await?
+    };
     let mut confirmed = false;
-    if let Some(existing) = &existing {
+    if let Some(existing) = &replay {
         if existing.request.fingerprint() != request.fingerprint() {
             return Err(Error::conflict(
                 "this idempotencyKey was used for a different request",
@@ -187,25 +224,33 @@ async fn decide_and_place(
         }
         match existing.state {
             State::Denied => return Err(Error::AccessDenied("the request was refused".into())),
-            State::Draft => {}
-            State::AwaitingConfirmation => {
-                match confirmation_state(&mut conn, existing).await?.as_str() {
-                    "approved" => confirmed = true,
-                    "pending" => return Err(confirmation_required(existing)),
-                    _ => {
-                        let mut denied = existing.clone();
-                        finish_draft(app, caller, &mut denied, "confirmation-denied").await?;
-                        return Err(Error::AccessDenied(
-                            "the confirmation request was denied or expired".into(),
-                        ));
-                    }
-                }
-            }
+            State::Draft | State::AwaitingConfirmation => {}
             _ => return Ok(existing.clone()),
         }
     }
-    let (pool, offer) = bookable_pool(&mut conn, &request.pool_id, &request.tenant_id).await?;
-    let snapshot = Snapshot::load(&mut conn, &pool.node_ids, id, now, now, now).await?;
+    let Context {
+        existing,
+        confirmation,
+        pool,
+        offer,
+        snapshot,
+        policy: policy_text,
+    } = read_context(app, id, &request, now).await?;
+    if let Some(existing) = &existing {
+        if existing.state == State::AwaitingConfirmation {
+            match confirmation.as_deref() {
+                Some("approved") => confirmed = true,
+                Some("pending") => return Err(confirmation_required(existing)),
+                _ => {
+                    let mut denied = existing.clone();
+                    finish_draft(app, caller, &mut denied, "confirmation-denied").await?;
+                    return Err(Error::AccessDenied(
+                        "the confirmation request was denied or expired".into(),
+                    ));
+                }
+            }
+        }
+    }
     check_against_pool(&request, binding, &pool, &snapshot)?;
     let mut draft = match existing {
         Some(existing) => existing,
@@ -242,7 +287,6 @@ async fn decide_and_place(
         .unwrap_or_default();
     let attrs = attributes(&request, &draft, &region);
     if !confirmed {
-        let policy_text = policy::find(&mut conn, &request.tenant_id).await?;
         match policy::decide(
             policy_text.as_deref(),
             caller,
@@ -280,8 +324,6 @@ async fn decide_and_place(
             }
         }
     }
-    check_budget(&mut conn, &pool, offer.as_ref(), &draft).await?;
-    drop(conn);
     charge_and_place(app, caller, &pool, offer.as_ref(), draft).await
 }
 
@@ -407,7 +449,7 @@ async fn check_budget(
         return Ok(());
     };
     let booked_gpu_ms: Option<i64> = sqlx::query_scalar(
-        "SELECT SUM(b.end_ms - b.start_ms) FROM bookings b JOIN compute_reservations r ON r.id = b.reservation_id
+        "SELECT CAST(SUM(b.end_ms - b.start_ms) AS BIGINT) FROM bookings b JOIN compute_reservations r ON r.id = b.reservation_id
          WHERE r.tenant_id = $1 AND r.pool_id = $2 AND r.id <> $3",
     )
     .bind(&r.tenant_id)
@@ -444,6 +486,7 @@ async fn charge_and_place(
         return Ok(current);
     }
     let expected = current.state;
+    check_budget(&mut tx, pool, offer, &r).await?;
     let charge = charge_of(&r, pool, &mut tx).await?;
     let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
     if let Some(resource) =
@@ -618,11 +661,11 @@ fn mark_pending(r: &mut Reservation, queued: bool, message: String, now: i64) {
 async fn older_pending_exists(conn: &mut AnyConnection, r: &Reservation) -> Result<bool> {
     let count: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM compute_reservations
-         WHERE pool_id = $1 AND state = 'pending' AND id <> $2 AND (created_at < $3 OR (created_at = $3 AND id < $2))",
+         WHERE pool_id = $1 AND state = 'pending'
+           AND position < (SELECT position FROM compute_reservations WHERE id = $2)",
     )
     .bind(&r.pool_id)
     .bind(&r.id)
-    .bind(r.created_at)
     .fetch_one(conn)
     .await?;
     Ok(count > 0)

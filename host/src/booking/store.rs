@@ -230,7 +230,7 @@ pub async fn find(conn: &mut AnyConnection, id: &str, lock: &str) -> Result<Opti
 /// Reservations in `states`, oldest first (the reconciler's work lists).
 pub async fn in_states(conn: &mut AnyConnection, states: &[State]) -> Result<Vec<Reservation>> {
     let sql = format!(
-        "SELECT {COLUMNS} FROM compute_reservations WHERE state IN ({}) ORDER BY created_at, id",
+        "SELECT {COLUMNS} FROM compute_reservations WHERE state IN ({}) ORDER BY position",
         placeholders(1, states.len())
     );
     let mut query = sqlx::query(&sql);
@@ -241,8 +241,8 @@ pub async fn in_states(conn: &mut AnyConnection, states: &[State]) -> Result<Vec
     load(conn, rows).await
 }
 
-/// A page of a tenant's reservations, newest first (by id, which sorts by time), drafts
-/// skipped.
+/// A page of a tenant's reservations, newest first, drafts skipped; `before` is the id of
+/// the last reservation of the previous page.
 pub async fn page(
     conn: &mut AnyConnection,
     tenant_id: &str,
@@ -256,8 +256,9 @@ pub async fn page(
         "SELECT {COLUMNS} FROM compute_reservations
          WHERE tenant_id = $1 AND state NOT IN ('draft', 'awaiting-confirmation')
            AND ($2 IS NULL OR state = $2) AND ($3 IS NULL OR pool_id = $3)
-           AND ($4 IS NULL OR caller_key_id = $4) AND ($5 IS NULL OR id < $5)
-         ORDER BY id DESC LIMIT $6"
+           AND ($4 IS NULL OR caller_key_id = $4)
+           AND ($5 IS NULL OR position < (SELECT position FROM compute_reservations WHERE id = $5))
+         ORDER BY position DESC LIMIT $6"
     ))
     .bind(tenant_id)
     .bind(state.map(State::as_str))
@@ -275,7 +276,8 @@ pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<(
     sqlx::query(&format!(
         "INSERT INTO compute_reservations ({COLUMNS})
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)"
-    ))
+    ).replace("INSERT INTO compute_reservations (", "INSERT INTO compute_reservations (position, ")
+    .replace("VALUES ($1,", "VALUES ((SELECT COALESCE(MAX(position), 0) + 1 FROM compute_reservations), $1,"))
     .bind(&r.id)
     .bind(&r.tenant_id)
     .bind(&r.pool_id)

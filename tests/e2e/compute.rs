@@ -1,0 +1,922 @@
+//! Compute reservations over the RPC (seed 004): pools, offers, the IAM decision on a
+//! draft, quota, placement, idempotency, the seven methods and the reconciler.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::{Api, Db, Server, T0, assert_error, on_both_databases, register_node};
+
+const HOUR: i64 = 3_600_000;
+
+/// Provider `acme` with `nodes` nodes of 8 H100s in pool `pool`, offered to `tenant-a`
+/// with `gpu_quota` GPUs; `tenant` is a member key of tenant-a.
+struct World {
+    server: Server,
+    provider: Api,
+    tenant: Api,
+    pool: String,
+}
+
+async fn world(db: Db, nodes: usize, gpu_quota: i64) -> World {
+    world_with(db, nodes, json!({ "gpu": gpu_quota }), json!({})).await
+}
+
+async fn world_with(db: Db, nodes: usize, quota: Value, policy: Value) -> World {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    let mut node_ids = Vec::new();
+    for n in 1..=nodes {
+        register_node(&provider, "acme", &format!("n{n}"), 8).await;
+        node_ids.push(format!("n{n}"));
+    }
+    let tenant = server.org_with_key("tenant-a", "member").await;
+    let (status, pool) = server
+        .admin()
+        .post(
+            "/v1/pools",
+            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": node_ids, "policy": policy }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{pool}");
+    let pool = pool["id"].as_str().unwrap().to_string();
+    let (status, offer) = server
+        .admin()
+        .post(
+            &format!("/v1/pools/{pool}/offers"),
+            json!({ "tenantId": "tenant-a", "quota": quota }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{offer}");
+    World {
+        server,
+        provider,
+        tenant,
+        pool,
+    }
+}
+
+async fn rpc(api: &Api, method: &str, body: Value) -> (StatusCode, Value) {
+    api.post(&format!("/api/compute/reservations/{method}"), body)
+        .await
+}
+
+impl World {
+    fn ask(&self, key: &str, gpus: i64) -> Value {
+        json!({ "tenantId": "tenant-a", "poolId": self.pool, "devices": [{ "class": "gpu", "count": gpus }], "duration": "2h", "idempotencyKey": key })
+    }
+
+    async fn create(&self, body: Value) -> Value {
+        let (status, r) = rpc(&self.tenant, "create", body).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        r
+    }
+
+    async fn get(&self, id: &Value) -> (StatusCode, Value) {
+        rpc(
+            &self.tenant,
+            "get",
+            json!({ "tenantId": "tenant-a", "reservationId": id }),
+        )
+        .await
+    }
+
+    async fn used_gpus(&self) -> i64 {
+        let (_, offers) = self
+            .server
+            .admin()
+            .get(&format!("/v1/pools/{}/offers", self.pool))
+            .await;
+        offers[0]["used"]["gpu"].as_i64().unwrap_or(0)
+    }
+
+    async fn call(&self, method: &str, id: &Value) -> (StatusCode, Value) {
+        rpc(
+            &self.tenant,
+            method,
+            json!({ "tenantId": "tenant-a", "reservationId": id }),
+        )
+        .await
+    }
+}
+
+on_both_databases!(
+    create_places_whole_gpus_and_a_replay_returns_the_stored_reservation,
+    the_same_key_with_a_different_request_is_a_conflict,
+    input_that_breaks_the_seed_constraints_is_refused,
+    pools_not_offered_archived_or_mismatched_are_refused,
+    quota_exceeded_leaves_the_draft_for_a_retry,
+    quota_is_charged_once_and_refunded_once_on_every_terminal_path,
+    what_does_not_fit_is_pending_and_placed_when_capacity_frees,
+    pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reservation,
+    list_is_newest_first_paginated_and_scoped,
+    release_and_cancel_follow_the_state_rules,
+    extend_moves_the_end_or_reports_available_until,
+    concurrent_extends_are_refused_while_one_is_in_flight,
+    renew_moves_the_lease_and_a_lapsed_lease_releases,
+    the_reconciler_activates_and_expires_with_the_clock,
+    iam_policy_refusal_is_access_denied_and_stays_refused,
+    an_agents_refused_create_is_confirmed_by_a_person,
+    spend_limit_refuses_what_the_budget_cannot_cover,
+    sixty_four_concurrent_creates_book_exactly_the_last_eight_gpus,
+    node_reservation_rights_are_honoured_by_placement,
+    events_are_written_with_each_change_and_scoped_to_the_tenant,
+);
+
+async fn create_places_whole_gpus_and_a_replay_returns_the_stored_reservation(db: Db) {
+    let w = world(db, 2, 16).await;
+    let mut ask = w.ask("k-1", 4);
+    ask["devices"][0]["topology"] = json!("nvlink-all");
+    let r = w.create(ask.clone()).await;
+    assert!(r["id"].as_str().unwrap().starts_with("rsv_"));
+    assert_eq!(r["state"], "placed");
+    assert_eq!(r["start"], T0);
+    assert_eq!(r["end"], T0 + 2 * HOUR);
+    let units = r["placement"]["unitIds"].as_array().unwrap();
+    assert_eq!(units.len(), 4);
+    let node = r["placement"]["nodeId"].as_str().unwrap();
+    let (_, node_view) = w.provider.get(&format!("/v1/nodes/{node}")).await;
+    let domains: std::collections::HashSet<&str> = node_view["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| units.contains(&u["id"]))
+        .map(|u| u["nvlinkDomain"].as_str().unwrap())
+        .collect();
+    assert_eq!(domains.len(), 1, "nvlink-all keeps the units in one domain");
+    assert_eq!(
+        r["resources"]["vcpu"],
+        4 * 28,
+        "the per-GPU share of a 224-vCPU, 8-GPU host"
+    );
+    assert_eq!(w.used_gpus().await, 4);
+
+    ask["wait"] = json!({ "timeoutMs": 50 });
+    let replay = w.create(ask).await;
+    assert_eq!(replay["id"], r["id"]);
+    assert_eq!(replay["placement"], r["placement"]);
+    assert_eq!(w.used_gpus().await, 4, "a replay charges nothing");
+    let (status, got) = w.get(&r["id"]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(got["id"], r["id"]);
+}
+
+async fn the_same_key_with_a_different_request_is_a_conflict(db: Db) {
+    let w = world(db, 1, 16).await;
+    let r = w.create(w.ask("k-1", 1)).await;
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-1", 2)).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "CONFLICT");
+    assert_eq!(err["error"]["details"]["reservationId"], r["id"]);
+    let other_key = w.server.as_key(
+        &w.server
+            .key_in("tenant-a", json!({ "role": "member" }))
+            .await,
+    );
+    let (status, mine) = rpc(&other_key, "create", w.ask("k-1", 2)).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "another caller's key is another reservation: {mine}"
+    );
+    assert_ne!(mine["id"], r["id"]);
+}
+
+async fn input_that_breaks_the_seed_constraints_is_refused(db: Db) {
+    let w = world(db, 1, 16).await;
+    let cases = [
+        (json!({ "poolId": "pool_X" }), "INVALID_INPUT"),
+        (
+            json!({ "devices": vec![json!({ "class": "gpu", "count": 1 }); 9] }),
+            "INVALID_INPUT",
+        ),
+        (
+            json!({ "devices": [{ "class": "gpu", "count": 65 }] }),
+            "INVALID_INPUT",
+        ),
+        (json!({ "leaseSeconds": 29 }), "INVALID_INPUT"),
+        (json!({ "wait": { "timeoutMs": 30001 } }), "INVALID_INPUT"),
+        (json!({ "idempotencyKey": "has space" }), "INVALID_INPUT"),
+        (json!({ "duration": "forever" }), "INVALID_INPUT"),
+        (json!({ "extra": true }), "INVALID_INPUT"),
+        (json!({ "binding": "vm" }), "UNSUPPORTED"),
+    ];
+    for (patch, code) in cases {
+        let mut body = w.ask("k-bad", 1);
+        for (k, v) in patch.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, err) = rpc(&w.tenant, "create", body.clone()).await;
+        assert_eq!(err["error"]["code"], code, "{body}: {err}");
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
+    let (status, err) = rpc(
+        &w.tenant,
+        "get",
+        json!({ "tenantId": "tenant-a", "reservationId": "rsv_1" }),
+    )
+    .await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let (status, err) = rpc(
+        &w.tenant,
+        "list",
+        json!({ "tenantId": "tenant-a", "limit": 201 }),
+    )
+    .await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let (status, err) = rpc(
+        &w.tenant,
+        "list",
+        json!({ "tenantId": "tenant-a", "state": "sleeping" }),
+    )
+    .await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    assert_eq!(w.used_gpus().await, 0);
+}
+
+async fn pools_not_offered_archived_or_mismatched_are_refused(db: Db) {
+    let w = world(db, 1, 16).await;
+    let stranger = w.server.org_with_key("stranger", "member").await;
+    let mut body = w.ask("k-1", 1);
+    body["tenantId"] = json!("stranger");
+    let (status, err) = rpc(&stranger, "create", body).await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (status, err) = rpc(&stranger, "create", w.ask("k-1", 1)).await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+
+    let mut mig = w.ask("k-2", 1);
+    mig["devices"][0]["class"] = json!("gpu.mig");
+    let (status, err) = rpc(&w.tenant, "create", mig).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let mut shared = w.ask("k-3", 1);
+    shared["devices"][0]["sharing"] = json!("timeslice");
+    let (status, err) = rpc(&w.tenant, "create", shared).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let mut node = w.ask("k-4", 1);
+    node["binding"] = json!("node");
+    let (status, err) = rpc(&w.tenant, "create", node).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let mut kube = w.ask("k-5", 1);
+    kube["binding"] = json!("kubernetes");
+    let (status, err) = rpc(&w.tenant, "create", kube).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+
+    let (status, _) = w
+        .server
+        .admin()
+        .post(&format!("/v1/pools/{}/archive", w.pool), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-6", 1)).await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+}
+
+async fn quota_exceeded_leaves_the_draft_for_a_retry(db: Db) {
+    let w = world(db, 1, 4).await;
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-1", 6)).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "QUOTA_EXCEEDED");
+    assert_eq!(err["error"]["details"]["resource"], "gpu");
+    let id = json!(
+        err["error"]["details"]
+            .get("reservationId")
+            .cloned()
+            .unwrap_or(Value::Null)
+    );
+    let _ = id;
+    let (_, list) = rpc(&w.tenant, "list", json!({ "tenantId": "tenant-a" })).await;
+    assert_eq!(list["items"], json!([]), "a draft is internal");
+    let (status, _) = w
+        .server
+        .admin()
+        .post(
+            &format!("/v1/pools/{}/offers", w.pool),
+            json!({ "tenantId": "tenant-a", "quota": { "gpu": 8 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let r = w.create(w.ask("k-1", 6)).await;
+    assert_eq!(r["state"], "placed");
+    assert_eq!(w.used_gpus().await, 6);
+    let mut no_row = w.ask("k-2", 1);
+    no_row["resources"] = json!({ "vcpu": 200 });
+    let (status, err) = rpc(&w.tenant, "create", no_row).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "QUOTA_EXCEEDED");
+    assert_eq!(
+        err["error"]["details"]["resource"], "vcpu",
+        "a missing quota row grants 0"
+    );
+}
+
+async fn quota_is_charged_once_and_refunded_once_on_every_terminal_path(db: Db) {
+    let w = world(db, 2, 16).await;
+    let released = w.create(w.ask("k-release", 2)).await;
+    let cancelled = w.create(json!({ "tenantId": "tenant-a", "poolId": w.pool, "devices": [{ "class": "gpu", "count": 2 }], "duration": "1h", "start": T0 + 10 * HOUR, "idempotencyKey": "k-cancel" })).await;
+    let mut leased = w.ask("k-lease", 2);
+    leased["leaseSeconds"] = json!(60);
+    let leased = w.create(leased).await;
+    let mut ends = w.ask("k-end", 2);
+    ends["duration"] = json!(1800);
+    let ends = w.create(ends).await;
+    assert_eq!(w.used_gpus().await, 8);
+
+    let (_, r) = w.call("release", &released["id"]).await;
+    assert_eq!(
+        (r["state"].as_str(), r["reason"].as_str()),
+        (Some("released"), Some("release"))
+    );
+    assert_eq!(w.used_gpus().await, 6);
+    let (_, again) = w.call("release", &released["id"]).await;
+    assert_eq!(again["state"], "released");
+    assert_eq!(w.used_gpus().await, 6, "releasing twice refunds once");
+    let (_, r) = w.call("cancel", &cancelled["id"]).await;
+    assert_eq!(r["state"], "cancelled");
+    assert_eq!(w.used_gpus().await, 4);
+    w.server.set_clock(T0 + 31 * 60_000).await;
+    let (_, r) = w.get(&ends["id"]).await;
+    assert_eq!(
+        (r["state"].as_str(), r["reason"].as_str()),
+        (Some("expired"), Some("window-ended"))
+    );
+    let (_, r) = w.get(&leased["id"]).await;
+    assert_eq!(
+        (r["state"].as_str(), r["reason"].as_str()),
+        (Some("released"), Some("lease-lapsed"))
+    );
+    assert_eq!(w.used_gpus().await, 0);
+    w.server.set_clock(T0 + 40 * 60_000).await;
+    assert_eq!(w.used_gpus().await, 0, "never refunded twice");
+}
+
+async fn what_does_not_fit_is_pending_and_placed_when_capacity_frees(db: Db) {
+    let w = world(db, 1, 64).await;
+    let big = w.create(w.ask("k-big", 6)).await;
+    let waiting = w.create(w.ask("k-wait", 4)).await;
+    assert_eq!(waiting["state"], "pending");
+    assert_eq!(waiting["conditions"][0]["type"], "Unschedulable");
+    assert_eq!(
+        w.used_gpus().await,
+        10,
+        "a pending reservation holds its quota"
+    );
+    let (_, r) = w.call("release", &big["id"]).await;
+    assert_eq!(r["state"], "released");
+    let (_, placed) = w.get(&waiting["id"]).await;
+    assert_eq!(
+        placed["state"], "placed",
+        "freed capacity wakes the pool's pending reservations"
+    );
+    assert_eq!(placed["conditions"], json!([]));
+    let (_, pending_release) = w
+        .call("release", &w.create(w.ask("k-more", 8)).await["id"])
+        .await;
+    assert_eq!(
+        pending_release["state"], "cancelled",
+        "releasing a pending reservation cancels it"
+    );
+}
+
+async fn pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reservation(db: Db) {
+    let w = world_with(
+        db,
+        1,
+        json!({ "gpu": 64 }),
+        json!({ "placer": "pool-lease" }),
+    )
+    .await;
+    let holder = w.create(w.ask("k-hold", 6)).await;
+    let mut first = w.ask("k-first", 4);
+    first["wait"] = json!({ "timeoutMs": 300 });
+    let first = w.create(first).await;
+    assert_eq!(
+        first["state"], "pending",
+        "a wait that times out returns the reservation"
+    );
+    assert_eq!(first["conditions"][0]["type"], "Queued");
+    let second = w.create(w.ask("k-second", 1)).await;
+    assert_eq!(
+        second["state"], "pending",
+        "nothing jumps the queue, even what would fit"
+    );
+    w.call("release", &holder["id"]).await;
+    assert_eq!(w.get(&first["id"]).await.1["state"], "placed");
+    assert_eq!(w.get(&second["id"]).await.1["state"], "placed");
+}
+
+async fn list_is_newest_first_paginated_and_scoped(db: Db) {
+    let w = world(db, 2, 64).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        w.server.set_clock(T0 + i * 1000).await;
+        ids.push(w.create(w.ask(&format!("k-{i}"), 1)).await["id"].clone());
+    }
+    let colleague = w.server.as_key(
+        &w.server
+            .key_in("tenant-a", json!({ "role": "member" }))
+            .await,
+    );
+    let theirs = rpc(&colleague, "create", w.ask("k-x", 1)).await.1["id"].clone();
+    let (_, page1) = rpc(
+        &w.tenant,
+        "list",
+        json!({ "tenantId": "tenant-a", "limit": 2 }),
+    )
+    .await;
+    assert_eq!(
+        page1["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].clone())
+            .collect::<Vec<_>>(),
+        vec![ids[4].clone(), ids[3].clone()]
+    );
+    let cursor = page1["cursor"].clone();
+    let (_, page2) = rpc(
+        &w.tenant,
+        "list",
+        json!({ "tenantId": "tenant-a", "limit": 2, "cursor": cursor }),
+    )
+    .await;
+    assert_eq!(page2["items"][0]["id"], ids[2]);
+    let (_, page3) = rpc(
+        &w.tenant,
+        "list",
+        json!({ "tenantId": "tenant-a", "limit": 2, "cursor": page2["cursor"] }),
+    )
+    .await;
+    assert_eq!(page3["items"].as_array().unwrap().len(), 1);
+    assert!(page3.get("cursor").is_none());
+    let (_, mine) = rpc(
+        &w.tenant,
+        "list",
+        json!({ "tenantId": "tenant-a", "limit": 200 }),
+    )
+    .await;
+    assert!(
+        !mine["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["id"] == theirs),
+        "scope mine is the caller's own"
+    );
+    let (_, all) = rpc(
+        &w.tenant,
+        "list",
+        json!({ "tenantId": "tenant-a", "scope": "all" }),
+    )
+    .await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 6);
+    w.call("release", &ids[0]).await;
+    let (_, released) = rpc(
+        &w.tenant,
+        "list",
+        json!({ "tenantId": "tenant-a", "state": "released", "poolId": w.pool }),
+    )
+    .await;
+    assert_eq!(released["items"].as_array().unwrap().len(), 1);
+    let stranger = w.server.org_with_key("stranger", "member").await;
+    let (status, err) = rpc(&stranger, "list", json!({ "tenantId": "tenant-a" })).await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (status, err) = rpc(
+        &stranger,
+        "get",
+        json!({ "tenantId": "tenant-a", "reservationId": ids[1] }),
+    )
+    .await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+}
+
+async fn release_and_cancel_follow_the_state_rules(db: Db) {
+    let w = world(db, 1, 64).await;
+    let active = w.create(w.ask("k-1", 1)).await;
+    w.server.set_clock(T0 + 1000).await;
+    assert_eq!(w.get(&active["id"]).await.1["state"], "active");
+    let (status, err) = w.call("cancel", &active["id"]).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "INVALID_STATE");
+    let (_, cancelled) = w
+        .call("cancel", &w.create(w.ask("k-2", 1)).await["id"])
+        .await;
+    assert_eq!(cancelled["state"], "cancelled");
+    let (status, again) = w.call("cancel", &cancelled["id"]).await;
+    assert_eq!(
+        (status, again["state"].as_str()),
+        (StatusCode::OK, Some("cancelled"))
+    );
+    let (status, err) = w
+        .call("release", &json!("rsv_00000000000000000000000000"))
+        .await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    w.server
+        .admin()
+        .put(
+            "/v1/orgs/tenant-a/iam/policy",
+            json!({ "policy": "forbid(principal, action, resource);" }),
+        )
+        .await;
+    let (status, _) = rpc(&w.tenant, "create", w.ask("k-denied", 1)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let denied_id =
+        json!(crate::support::reservation_id_of(&w.server, "tenant-a", "k-denied").await);
+    let (status, err) = w.call("release", &denied_id).await;
+    assert_eq!(
+        (status, err["state"].as_str()),
+        (StatusCode::OK, Some("denied")),
+        "a terminal reservation is returned unchanged: {err}"
+    );
+}
+
+async fn extend_moves_the_end_or_reports_available_until(db: Db) {
+    let w = world(db, 1, 64).await;
+    let r = w.create(w.ask("k-1", 8)).await;
+    let later = w.create(json!({ "tenantId": "tenant-a", "poolId": w.pool, "devices": [{ "class": "gpu", "count": 8 }], "duration": "1h", "start": T0 + 5 * HOUR, "idempotencyKey": "k-later" })).await;
+    assert_eq!(later["state"], "placed");
+    let extend = |body: Value| rpc(&w.tenant, "extend", body);
+    let base = json!({ "tenantId": "tenant-a", "reservationId": r["id"], "idempotencyKey": "e-1" });
+    let mut by = base.clone();
+    by["by"] = json!("1h");
+    let (status, out) = extend(by.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["extended"], true);
+    assert_eq!(out["reservation"]["end"], T0 + 3 * HOUR);
+    let mut until = base.clone();
+    until["until"] = json!(T0 + 3 * HOUR);
+    let (_, same) = extend(until.clone()).await;
+    assert_eq!(
+        same["extended"], false,
+        "an until already reached is safe to retry"
+    );
+    assert!(same.get("availableUntil").is_none());
+    until["until"] = json!(T0 + 7 * HOUR);
+    let (_, blocked) = extend(until).await;
+    assert_eq!(blocked["extended"], false);
+    assert_eq!(blocked["availableUntil"], T0 + 5 * HOUR);
+    assert_eq!(
+        blocked["reservation"]["end"],
+        T0 + 3 * HOUR,
+        "all or nothing"
+    );
+    let mut both = by.clone();
+    both["until"] = json!(T0 + 4 * HOUR);
+    let (status, err) = extend(both).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let (status, err) = extend(base.clone()).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let pending = w.create(w.ask("k-pending", 8)).await;
+    assert_eq!(pending["state"], "pending");
+    let mut p = by.clone();
+    p["reservationId"] = pending["id"].clone();
+    let (status, err) = extend(p).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "INVALID_STATE");
+    w.server.admin().put("/v1/orgs/tenant-a/iam/policy", json!({ "policy": r#"
+        permit(principal, action, resource);
+        forbid(principal, action == Orl::Action::"compute:reservations:extend", resource) when { context.durationHours > 4 };
+    "# })).await;
+    let (status, err) = extend(by.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{err}");
+    let (status, err) = extend(by).await;
+    assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
+    assert_eq!(
+        w.get(&r["id"]).await.1["end"],
+        T0 + 4 * HOUR,
+        "a policy that caps duration caps extensions"
+    );
+}
+
+async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
+    let w = world(db, 1, 64).await;
+    let r = w.create(w.ask("k-1", 1)).await;
+    let calls = (0..6).map(|_| {
+        let tenant = w.tenant.clone();
+        let body = json!({ "tenantId": "tenant-a", "reservationId": r["id"], "by": 3600, "idempotencyKey": "e" });
+        tokio::spawn(async move { rpc(&tenant, "extend", body).await })
+    });
+    let mut extended = 0;
+    for result in futures::future::join_all(calls).await {
+        let (status, body) = result.unwrap();
+        match status {
+            StatusCode::OK => {
+                assert_eq!(body["extended"], true, "{body}");
+                extended += 1;
+            }
+            StatusCode::CONFLICT => {
+                assert_eq!(
+                    body["error"]["details"]["reason"], "extend-in-flight",
+                    "{body}"
+                );
+                assert!(
+                    body["error"]["details"]["retryAfterSeconds"]
+                        .as_i64()
+                        .unwrap()
+                        >= 1
+                );
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert!(extended >= 1);
+    assert_eq!(
+        w.get(&r["id"]).await.1["end"],
+        T0 + (2 + extended) * HOUR,
+        "each successful by extends once"
+    );
+}
+
+async fn renew_moves_the_lease_and_a_lapsed_lease_releases(db: Db) {
+    let w = world(db, 1, 64).await;
+    let plain = w.create(w.ask("k-plain", 1)).await;
+    let (status, err) = w.call("renew", &plain["id"]).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "INVALID_STATE");
+    let mut ask = w.ask("k-lease", 1);
+    ask["leaseSeconds"] = json!(120);
+    let r = w.create(ask).await;
+    assert_eq!(r["leaseDeadline"], T0 + 120_000);
+    w.server.set_clock(T0 + 100_000).await;
+    let (status, renewed) = w.call("renew", &r["id"]).await;
+    assert_eq!(status, StatusCode::OK, "{renewed}");
+    assert_eq!(renewed["leaseDeadline"], T0 + 220_000);
+    assert_eq!(renewed["end"], r["end"], "renew does not move the window");
+    w.server.set_clock(T0 + 200_000).await;
+    assert_eq!(w.get(&r["id"]).await.1["state"], "active");
+    w.server.set_clock(T0 + 220_000).await;
+    let (_, lapsed) = w.get(&r["id"]).await;
+    assert_eq!(
+        (lapsed["state"].as_str(), lapsed["reason"].as_str()),
+        (Some("released"), Some("lease-lapsed"))
+    );
+    let (status, err) = w.call("renew", &r["id"]).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "INVALID_STATE");
+}
+
+async fn the_reconciler_activates_and_expires_with_the_clock(db: Db) {
+    let w = world(db, 1, 64).await;
+    let r = w.create(json!({ "tenantId": "tenant-a", "poolId": w.pool, "devices": [{ "class": "gpu", "count": 2 }], "duration": 3600, "start": T0 + HOUR, "idempotencyKey": "k-1" })).await;
+    assert_eq!(r["state"], "placed");
+    w.server.set_clock(T0 + HOUR - 1).await;
+    assert_eq!(w.get(&r["id"]).await.1["state"], "placed");
+    w.server.set_clock(T0 + HOUR).await;
+    assert_eq!(w.get(&r["id"]).await.1["state"], "active");
+    w.server.set_clock(T0 + 2 * HOUR).await;
+    assert_eq!(w.get(&r["id"]).await.1["state"], "expired");
+    assert_eq!(w.used_gpus().await, 0);
+}
+
+async fn iam_policy_refusal_is_access_denied_and_stays_refused(db: Db) {
+    let w = world(db, 1, 64).await;
+    let (status, body) = w
+        .server
+        .admin()
+        .put("/v1/orgs/tenant-a/iam/policy", json!({ "policy": r#"permit(principal, action == Orl::Action::"compute:reservations:create", resource) when { context.gpuCount <= 2 };"# }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = w
+        .server
+        .admin()
+        .put(
+            "/v1/orgs/tenant-a/iam/policy",
+            json!({ "policy": "permit(" }),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    assert_eq!(w.create(w.ask("k-small", 2)).await["state"], "placed");
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-big", 4)).await;
+    assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
+    w.server
+        .admin()
+        .put("/v1/orgs/tenant-a/iam/policy", json!({ "policy": "" }))
+        .await;
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-big", 4)).await;
+    assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
+    assert_eq!(w.used_gpus().await, 2, "a refused request charges nothing");
+    assert_eq!(
+        w.create(w.ask("k-big-2", 4)).await["state"],
+        "placed",
+        "a new key is decided anew"
+    );
+}
+
+async fn an_agents_refused_create_is_confirmed_by_a_person(db: Db) {
+    let w = world(db, 1, 64).await;
+    w.server.admin().put("/v1/orgs/tenant-a/iam/policy", json!({ "policy": r#"
+        permit(principal, action, resource) when { !principal.agent || context.gpuCount <= 1 };
+        permit(principal, action == Orl::Action::"compute:reservations:create", resource) when { context.confirmed && context.gpuCount <= 8 };
+    "# })).await;
+    let agent = w.server.as_key(
+        &w.server
+            .key_in("tenant-a", json!({ "role": "member", "agent": true }))
+            .await,
+    );
+    assert_eq!(
+        rpc(&agent, "create", w.ask("a-small", 1)).await.0,
+        StatusCode::OK
+    );
+    let (status, err) = rpc(&agent, "create", w.ask("a-1", 4)).await;
+    assert_error(status, &err, StatusCode::FORBIDDEN, "CONFIRMATION_REQUIRED");
+    let confirmation = err["error"]["details"]["confirmationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let reservation = err["error"]["details"]["reservationId"].clone();
+    let (status, _) = rpc(
+        &agent,
+        "get",
+        json!({ "tenantId": "tenant-a", "reservationId": reservation }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "still a draft");
+    let (_, pending) = w.tenant.get("/v1/orgs/tenant-a/confirmations").await;
+    assert_eq!(pending[0]["state"], "pending");
+    assert_eq!(pending[0]["attributes"]["gpuCount"], 4);
+    let (status, err) = agent
+        .post(
+            &format!("/v1/orgs/tenant-a/confirmations/{confirmation}/approve"),
+            json!({}),
+        )
+        .await;
+    assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
+    let (status, err) = rpc(&agent, "create", w.ask("a-1", 4)).await;
+    assert_error(status, &err, StatusCode::FORBIDDEN, "CONFIRMATION_REQUIRED");
+    let (status, approved) = w
+        .tenant
+        .post(
+            &format!("/v1/orgs/tenant-a/confirmations/{confirmation}/approve"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    let (status, placed) = rpc(&agent, "create", w.ask("a-1", 4)).await;
+    assert_eq!(status, StatusCode::OK, "{placed}");
+    assert_eq!(placed["state"], "placed");
+    assert_eq!(placed["id"], reservation);
+
+    let (_, err) = rpc(&agent, "create", w.ask("a-2", 4)).await;
+    let second = err["error"]["details"]["confirmationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    w.tenant
+        .post(
+            &format!("/v1/orgs/tenant-a/confirmations/{second}/deny"),
+            json!({}),
+        )
+        .await;
+    let (status, err) = rpc(&agent, "create", w.ask("a-2", 4)).await;
+    assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
+
+    let (_, err) = rpc(&agent, "create", w.ask("a-3", 4)).await;
+    let third = err["error"]["details"]["confirmationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    w.server.set_clock(T0 + 31 * 60_000).await;
+    let (status, err) = w
+        .tenant
+        .post(
+            &format!("/v1/orgs/tenant-a/confirmations/{third}/approve"),
+            json!({}),
+        )
+        .await;
+    assert_error(status, &err, StatusCode::CONFLICT, "INVALID_STATE");
+    let (status, expired) = rpc(&agent, "create", w.ask("a-3", 4)).await;
+    assert_eq!(
+        (status, expired["state"].as_str()),
+        (StatusCode::OK, Some("expired")),
+        "{expired}"
+    );
+}
+
+async fn spend_limit_refuses_what_the_budget_cannot_cover(db: Db) {
+    let w = world_with(db, 1, json!({ "gpu": 64 }), json!({ "budgetCheck": true })).await;
+    w.server
+        .admin()
+        .post(&format!("/v1/pools/{}/offers", w.pool), json!({ "tenantId": "tenant-a", "quota": { "gpu": 64 }, "pricePerGpuHour": 250, "budget": 3000 }))
+        .await;
+    // 4 GPUs x 2 h x 250 = 2000 of 3000.
+    assert_eq!(w.create(w.ask("k-1", 4)).await["state"], "placed");
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-2", 4)).await;
+    assert_error(
+        status,
+        &err,
+        StatusCode::PAYMENT_REQUIRED,
+        "SPEND_LIMIT_REACHED",
+    );
+    assert_eq!(
+        w.create(w.ask("k-3", 2)).await["state"],
+        "placed",
+        "2 x 2 h x 250 = 1000 fits exactly"
+    );
+    assert_eq!(w.used_gpus().await, 6);
+}
+
+async fn sixty_four_concurrent_creates_book_exactly_the_last_eight_gpus(db: Db) {
+    let w = world(db, 2, 128).await;
+    w.create(w.ask("k-fill", 8)).await;
+    let calls = (0..64).map(|i| {
+        let tenant = w.tenant.clone();
+        let body = w.ask(&format!("race-{i}"), 1);
+        tokio::spawn(async move { rpc(&tenant, "create", body).await })
+    });
+    let results: Vec<(StatusCode, Value)> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        results.iter().all(|(s, _)| *s == StatusCode::OK),
+        "{results:?}"
+    );
+    let placed: Vec<&Value> = results
+        .iter()
+        .map(|(_, r)| r)
+        .filter(|r| r["state"] == "placed")
+        .collect();
+    let pending = results
+        .iter()
+        .filter(|(_, r)| r["state"] == "pending")
+        .count();
+    assert_eq!((placed.len(), pending), (8, 56));
+    let mut units: Vec<String> = placed
+        .iter()
+        .map(|r| r["placement"]["unitIds"][0].as_str().unwrap().to_string())
+        .collect();
+    units.sort();
+    units.dedup();
+    assert_eq!(units.len(), 8, "no unit booked twice");
+    assert_eq!(w.used_gpus().await, 8 + 64);
+}
+
+async fn node_reservation_rights_are_honoured_by_placement(db: Db) {
+    let w = world(db, 1, 64).await;
+    w.server.org_with_key("anchor", "member").await;
+    let units: Vec<String> = (0..6).map(|g| format!("n1-gpu{g}")).collect();
+    let (status, nr) = w
+        .server
+        .admin()
+        .post(
+            "/v1/nodes/n1/reservations",
+            json!({ "unitIds": units, "allowedOrgIds": ["anchor"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{nr}");
+    let r = w.create(w.ask("k-1", 2)).await;
+    assert_eq!(r["placement"]["unitIds"], json!(["n1-gpu6", "n1-gpu7"]));
+    assert_eq!(
+        w.create(w.ask("k-2", 1)).await["state"],
+        "pending",
+        "reserved units are the audience's alone"
+    );
+    let release = format!(
+        "/v1/nodes/n1/reservations/{}/release",
+        nr["id"].as_str().unwrap()
+    );
+    w.server
+        .admin()
+        .post(&release, json!({ "unitIds": ["n1-gpu0"] }))
+        .await;
+    assert_eq!(
+        w.create(w.ask("k-3", 1)).await["state"],
+        "pending",
+        "released units are spot-only"
+    );
+    let mut spot = w.ask("k-spot", 1);
+    spot["spot"] = json!(true);
+    let spot = w.create(spot).await;
+    assert_eq!(
+        spot["placement"]["unitIds"],
+        json!(["n1-gpu0"]),
+        "spot may use released units"
+    );
+}
+
+async fn events_are_written_with_each_change_and_scoped_to_the_tenant(db: Db) {
+    let w = world(db, 1, 64).await;
+    let r = w.create(w.ask("k-1", 8)).await;
+    let waiting = w.create(w.ask("k-2", 1)).await;
+    w.call("release", &r["id"]).await;
+    let (_, events) = w.tenant.get("/v1/events").await;
+    let kinds: Vec<(String, String)> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                e["objectId"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let id = |v: &Value| v["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        kinds,
+        vec![
+            ("reservation.placed".to_string(), id(&r)),
+            ("reservation.pending".to_string(), id(&waiting)),
+            ("reservation.released".to_string(), id(&r)),
+            ("reservation.placed".to_string(), id(&waiting)),
+        ]
+    );
+    let stranger = w.server.org_with_key("stranger", "member").await;
+    let (_, none) = stranger.get("/v1/events").await;
+    assert_eq!(none["items"], json!([]));
+    let after = events["items"][1]["id"].as_i64().unwrap();
+    let (_, rest) = w.tenant.get(&format!("/v1/events?after={after}")).await;
+    assert_eq!(rest["items"].as_array().unwrap().len(), 2);
+}
