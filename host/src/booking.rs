@@ -3,9 +3,13 @@
 //! This module holds the request as the API takes it, its validation (the constraints of
 //! the reservation API's input tables), the idempotent id, the states, and the arithmetic
 //! of host resources and quota; all plain functions. [`engine`] runs them against the
-//! database, [`placement`] finds units, and the reconciler drives reservations in time.
+//! database (one module per method family), [`placement`] finds units, and the reconciler drives reservations in time.
 
+pub mod create;
 pub mod engine;
+pub mod extend;
+pub mod lifecycle;
+pub mod list;
 pub mod placement;
 pub mod store;
 

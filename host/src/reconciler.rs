@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::booking::State;
-use crate::booking::engine::{self, terminate};
+use crate::booking::engine;
+use crate::booking::lifecycle::terminate;
 use crate::booking::store::{self, Reservation};
 use crate::iam::confirmations::CONFIRMATION_WINDOW_MS;
 use crate::{App, Result, events};

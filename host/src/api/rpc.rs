@@ -8,9 +8,10 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::Json;
 use crate::booking::CreateRequest;
-use crate::booking::engine::{
-    self, ExtendInput, Extended, ListInput, ReservationPage, ReservationRef,
-};
+use crate::booking::create;
+use crate::booking::extend::{self, ExtendInput, Extended};
+use crate::booking::lifecycle::{self, ReservationRef};
+use crate::booking::list::{self, ListInput, ReservationPage};
 use crate::booking::store::ComputeReservation;
 use crate::iam::Principal;
 use crate::{App, Result};
@@ -36,7 +37,7 @@ async fn create(
     caller: Principal,
     Json(body): Json<CreateRequest>,
 ) -> Result<Json<ComputeReservation>> {
-    Ok(Json(engine::create(&app, &caller, body).await?))
+    Ok(Json(create::create(&app, &caller, body).await?))
 }
 
 /// One reservation of the tenant; drafts are `NOT_FOUND`.
@@ -47,7 +48,7 @@ async fn get(
     caller: Principal,
     Json(body): Json<ReservationRef>,
 ) -> Result<Json<ComputeReservation>> {
-    Ok(Json(engine::get(&app, &caller, body).await?))
+    Ok(Json(lifecycle::get(&app, &caller, body).await?))
 }
 
 /// The tenant's reservations newest first, drafts skipped, one page at a time.
@@ -58,7 +59,7 @@ async fn list(
     caller: Principal,
     Json(body): Json<ListInput>,
 ) -> Result<Json<ReservationPage>> {
-    Ok(Json(engine::list(&app, &caller, body).await?))
+    Ok(Json(list::list(&app, &caller, body).await?))
 }
 
 /// Ends a reservation now: bookings released, quota refunded, `released` (a pending one is
@@ -70,7 +71,7 @@ async fn release(
     caller: Principal,
     Json(body): Json<ReservationRef>,
 ) -> Result<Json<ComputeReservation>> {
-    Ok(Json(engine::release(&app, &caller, body).await?))
+    Ok(Json(lifecycle::release(&app, &caller, body).await?))
 }
 
 /// Withdraws a reservation that has not started (`pending` or `placed`).
@@ -81,7 +82,7 @@ async fn cancel(
     caller: Principal,
     Json(body): Json<ReservationRef>,
 ) -> Result<Json<ComputeReservation>> {
-    Ok(Json(engine::cancel(&app, &caller, body).await?))
+    Ok(Json(lifecycle::cancel(&app, &caller, body).await?))
 }
 
 /// Moves the end of a placed, binding or active reservation later, all or nothing.
@@ -93,7 +94,7 @@ async fn extend(
     caller: Principal,
     Json(body): Json<ExtendInput>,
 ) -> Result<Json<Extended>> {
-    Ok(Json(engine::extend(&app, &caller, body).await?))
+    Ok(Json(extend::extend(&app, &caller, body).await?))
 }
 
 /// Moves the lease deadline to now plus `leaseSeconds`.
@@ -104,5 +105,5 @@ async fn renew(
     caller: Principal,
     Json(body): Json<ReservationRef>,
 ) -> Result<Json<ComputeReservation>> {
-    Ok(Json(engine::renew(&app, &caller, body).await?))
+    Ok(Json(lifecycle::renew(&app, &caller, body).await?))
 }

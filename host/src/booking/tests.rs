@@ -18,7 +18,8 @@ fn request(patch: Value) -> Result<CreateRequest, String> {
         }
     }
     // The HTTP layer reports serde errors with their path, as here.
-    let parsed: CreateRequest = serde_path_to_error::deserialize(base).map_err(|e| e.to_string())?;
+    let parsed: CreateRequest =
+        serde_path_to_error::deserialize(base).map_err(|e| e.to_string())?;
     parsed.validate().map_err(|e| e.to_string())?;
     Ok(parsed)
 }

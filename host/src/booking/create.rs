@@ -1,0 +1,530 @@
+//! `create`: the draft, the one IAM decision on it (with confirmation for agents), the
+//! spend-guard, and quota charged together with placement.
+
+use serde_json::json;
+use sqlx::AnyConnection;
+
+use super::engine::{
+    CREATE, attributes, bookable_pool, emit, emit_placement, lock_pool, not_found, try_place,
+};
+use super::store::{self, ComputeReservation, Reservation};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::placement::Snapshot;
+use super::{
+    Binding, CreateRequest, State, cost_minor, host_resources, quota_charge, reservation_id,
+};
+use crate::audit::{self, Entry};
+use crate::iam::confirmations;
+use crate::iam::policy::{self, Decision};
+use crate::iam::{Permission, Principal};
+use crate::pools::per_gpu_share;
+use crate::pools::store::{Offer, Pool};
+use crate::{App, Error, Result};
+
+/// Checks the request against what the pool is: its device classes, sharing mode and
+/// bindings.
+fn check_against_pool(
+    request: &CreateRequest,
+    binding: Binding,
+    pool: &Pool,
+    snapshot: &Snapshot,
+) -> Result<()> {
+    for (i, device) in request.devices.iter().enumerate() {
+        let offered = snapshot
+            .nodes
+            .iter()
+            .flat_map(|n| &n.units)
+            .any(|u| u.device_class == device.class);
+        if !offered {
+            return Err(Error::invalid(
+                format!("devices[{i}].class"),
+                format!("the pool has no {} devices", device.class.as_str()),
+            ));
+        }
+        if let Some(sharing) = device.sharing {
+            if sharing != pool.policy.sharing {
+                return Err(Error::invalid(
+                    format!("devices[{i}].sharing"),
+                    "does not match the pool's sharing mode",
+                ));
+            }
+        }
+    }
+    match binding {
+        Binding::Hold => {}
+        Binding::Node if !pool.policy.tenant_root => {
+            return Err(Error::invalid(
+                "binding",
+                "the pool does not hand nodes to tenants (policy.tenantRoot)",
+            ));
+        }
+        Binding::Node if request.resources.is_some() => {
+            return Err(Error::invalid(
+                "resources",
+                "a node binding takes the whole node; do not ask for resources",
+            ));
+        }
+        Binding::Kubernetes if !pool.policy.kubernetes => {
+            return Err(Error::invalid(
+                "binding",
+                "the pool is not a Kubernetes pool (policy.kubernetes)",
+            ));
+        }
+        Binding::Kubernetes if request.tenant_id != pool.owner_org_id => {
+            return Err(Error::invalid(
+                "binding",
+                "only the cluster's owner books kubernetes bindings into it",
+            ));
+        }
+        Binding::Node | Binding::Kubernetes => {
+            return Err(Error::Unsupported(
+                "node and kubernetes bindings are not served by this release".into(),
+            ));
+        }
+    }
+    if request.gang.is_some() {
+        return Err(Error::Unsupported(
+            "gangs are not served by this release".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `create`: books devices of one pool for a window after one IAM decision on the draft.
+pub async fn create(
+    app: &App,
+    caller: &Principal,
+    request: CreateRequest,
+) -> Result<ComputeReservation> {
+    request.validate()?;
+    let binding = request.binding()?;
+    if !(caller.has(Permission::ComputeCreate) && caller.acts_for(&request.tenant_id)) {
+        return Err(Error::not_found(format_args!("pool {}", request.pool_id)));
+    }
+    let id = reservation_id(&request.tenant_id, &caller.key_id, &request.idempotency_key);
+    let wait_ms = request.wait.map_or(0, |w| w.timeout_ms);
+    let reservation = decide_and_place(app, caller, &id, request, binding).await?;
+    let reservation = if wait_ms > 0 && reservation.state == State::Pending {
+        wait_while_pending(app, &id, wait_ms).await?
+    } else {
+        reservation
+    };
+    Ok(reservation.view())
+}
+
+/// What the database says before a create decides: the stored reservation under this id,
+/// the pool and the tenant's offer, the pool's nodes, the tenant's policy.
+struct Context {
+    existing: Option<Reservation>,
+    confirmation: Option<String>,
+    pool: Pool,
+    offer: Option<Offer>,
+    snapshot: Snapshot,
+    policy: Option<String>,
+}
+
+async fn read_context(app: &App, id: &str, request: &CreateRequest, now: i64) -> Result<Context> {
+    let mut conn = app.store.pool().acquire().await?;
+    let existing = store::find(&mut conn, id, "").await?;
+    let confirmation = match &existing {
+        Some(r) if r.state == State::AwaitingConfirmation => {
+            Some(confirmation_state(&mut conn, r).await?)
+        }
+        _ => None,
+    };
+    let (pool, offer) = bookable_pool(&mut conn, &request.pool_id, &request.tenant_id).await?;
+    let snapshot = Snapshot::load(&mut conn, &pool.node_ids, id, now, now, now).await?;
+    let policy = policy::find(&mut conn, &request.tenant_id).await?;
+    Ok(Context {
+        existing,
+        confirmation,
+        pool,
+        offer,
+        snapshot,
+        policy,
+    })
+}
+
+async fn decide_and_place(
+    app: &App,
+    caller: &Principal,
+    id: &str,
+    request: CreateRequest,
+    binding: Binding,
+) -> Result<Reservation> {
+    let now = app.now_ms();
+    // Reads happen on a connection that is given back before any write transaction begins,
+    // so concurrent creates never hold one connection while waiting for another.
+    let replay = {
+        let mut conn = app.store.pool().acquire().await?;
+        store::find(&mut conn, id, "").await?
+    };
+    let mut confirmed = false;
+    if let Some(existing) = &replay {
+        if existing.request.fingerprint() != request.fingerprint() {
+            return Err(Error::conflict(
+                "this idempotencyKey was used for a different request",
+                Some(json!({ "reservationId": id })),
+            ));
+        }
+        match existing.state {
+            State::Denied => return Err(Error::AccessDenied("the request was refused".into())),
+            State::Draft | State::AwaitingConfirmation => {}
+            _ => return Ok(existing.clone()),
+        }
+    }
+    let Context {
+        existing,
+        confirmation,
+        pool,
+        offer,
+        snapshot,
+        policy: policy_text,
+    } = read_context(app, id, &request, now).await?;
+    if let Some(existing) = &existing {
+        if existing.state == State::AwaitingConfirmation {
+            match confirmation.as_deref() {
+                Some("approved") => confirmed = true,
+                Some("pending") => return Err(confirmation_required(existing)),
+                _ => {
+                    let mut denied = existing.clone();
+                    finish_draft(app, caller, &mut denied, "confirmation-denied").await?;
+                    return Err(Error::AccessDenied(
+                        "the confirmation request was denied or expired".into(),
+                    ));
+                }
+            }
+        }
+    }
+    check_against_pool(&request, binding, &pool, &snapshot)?;
+    let mut draft = match existing {
+        Some(existing) => existing,
+        None => {
+            let draft = new_draft(caller, id, &request, binding, &pool, &snapshot, now)?;
+            let mut tx = app.store.begin().await?;
+            match store::insert(&mut tx, &draft).await {
+                Ok(()) => {
+                    let entry = Entry {
+                        org_id: &draft.tenant_id,
+                        action: "compute-reservation.draft",
+                        object_type: "compute-reservation",
+                        object_id: id,
+                        reason: None,
+                        details: Some(json!({ "request": draft.request })),
+                    };
+                    audit::record(&mut tx, caller, entry, now).await?;
+                    tx.commit().await?;
+                }
+                Err(err) if crate::store::is_unique_violation(&err) => {
+                    // A concurrent create with the same key won: answer as a replay.
+                    drop(tx);
+                    return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
+                }
+                Err(err) => return Err(err.into()),
+            }
+            draft
+        }
+    };
+    let region = snapshot
+        .nodes
+        .iter()
+        .find_map(|n| n.region.clone())
+        .unwrap_or_default();
+    let attrs = attributes(&request, &draft, &region);
+    if !confirmed {
+        match policy::decide(
+            policy_text.as_deref(),
+            caller,
+            CREATE,
+            (id, &request.tenant_id),
+            &attrs,
+        )? {
+            Decision::Allow => {}
+            Decision::Deny => {
+                finish_draft(app, caller, &mut draft, "access-denied").await?;
+                return Err(Error::AccessDenied(format!(
+                    "IAM refused {CREATE} on this request"
+                )));
+            }
+            Decision::NeedsConfirmation => {
+                let attrs_json = serde_json::to_value(&attrs).expect("attributes serialize");
+                let mut tx = app.store.begin().await?;
+                let confirmation =
+                    confirmations::open(&mut tx, caller, id, CREATE, &attrs_json, now).await?;
+                let expected = draft.state;
+                draft.state = State::AwaitingConfirmation;
+                draft.confirmation_id = Some(confirmation.id.clone());
+                draft.updated_at = now;
+                if store::update(&mut tx, &draft, expected).await? {
+                    emit(
+                        &mut tx,
+                        &draft,
+                        "reservation.awaiting-confirmation",
+                        json!({ "confirmationId": confirmation.id }),
+                    )
+                    .await?;
+                    tx.commit().await?;
+                }
+                return Err(confirmation_required(&draft));
+            }
+        }
+    }
+    charge_and_place(app, caller, &pool, offer.as_ref(), draft).await
+}
+
+fn confirmation_required(r: &Reservation) -> Error {
+    Error::ConfirmationRequired {
+        message: "a person of the tenant must approve this request; retry with the same idempotencyKey after approval".into(),
+        details: json!({ "reservationId": r.id, "confirmationId": r.confirmation_id }),
+    }
+}
+
+async fn confirmation_state(conn: &mut AnyConnection, r: &Reservation) -> Result<String> {
+    let Some(id) = &r.confirmation_id else {
+        return Ok("pending".into());
+    };
+    Ok(confirmations::find(conn, id)
+        .await?
+        .map_or_else(|| "expired".into(), |c| c.state))
+}
+
+fn new_draft(
+    caller: &Principal,
+    id: &str,
+    request: &CreateRequest,
+    binding: Binding,
+    pool: &Pool,
+    snapshot: &Snapshot,
+    now: i64,
+) -> Result<Reservation> {
+    let start = request.start.unwrap_or(now).max(now);
+    let duration = request.duration.to_ms("duration")?;
+    let gpu_hosts: Vec<(i64, i64, i64)> = snapshot
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.host.vcpu,
+                n.host.memory_gib,
+                n.units
+                    .iter()
+                    .filter(|u| u.device_class == crate::inventory::DeviceClass::Gpu)
+                    .count() as i64,
+            )
+        })
+        .collect();
+    let (resources, _) = host_resources(
+        request.gpu_count(),
+        per_gpu_share(&pool.policy, &gpu_hosts),
+        request.resources,
+    );
+    let mut stored = request.clone();
+    stored.wait = None;
+    Ok(Reservation {
+        id: id.to_string(),
+        tenant_id: request.tenant_id.clone(),
+        pool_id: request.pool_id.clone(),
+        project_id: request.project_id.clone(),
+        caller_key_id: caller.key_id.clone(),
+        idempotency_key: request.idempotency_key.clone(),
+        request: stored,
+        state: State::Draft,
+        spot: request.is_spot(),
+        binding,
+        start_ms: start,
+        end_ms: start.saturating_add(duration),
+        lease_seconds: request.lease_seconds,
+        lease_deadline_ms: None,
+        resources,
+        charge: None,
+        conditions: Vec::new(),
+        reason: None,
+        node_id: None,
+        placed_by: None,
+        confirmation_id: None,
+        extend_started_ms: None,
+        next_attempt_ms: None,
+        created_at: now,
+        updated_at: now,
+        unit_ids: Vec::new(),
+    })
+}
+
+/// Moves a refused draft to `denied`, audited; the same key stays refused.
+async fn finish_draft(
+    app: &App,
+    caller: &Principal,
+    draft: &mut Reservation,
+    reason: &str,
+) -> Result<()> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let expected = draft.state;
+    draft.state = State::Denied;
+    draft.reason = Some(reason.to_string());
+    draft.updated_at = now;
+    if store::update(&mut tx, draft, expected).await? {
+        let entry = Entry {
+            org_id: &draft.tenant_id,
+            action: "compute-reservation.deny",
+            object_type: "compute-reservation",
+            object_id: &draft.id,
+            reason: Some(reason),
+            details: None,
+        };
+        audit::record(&mut tx, caller, entry, now).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// The spend-guard: when the pool or the offer asks for a budget check, the tenant's
+/// booked GPU time in the pool plus this request must fit the offer's budget.
+pub(super) async fn check_budget(
+    conn: &mut AnyConnection,
+    pool: &Pool,
+    offer: Option<&Offer>,
+    r: &Reservation,
+) -> Result<()> {
+    let Some(offer) = offer else { return Ok(()) };
+    if !(pool.policy.budget_check || offer.budget.is_some()) {
+        return Ok(());
+    }
+    let (Some(budget), Some(price)) = (offer.budget, offer.price_per_gpu_hour) else {
+        return Ok(());
+    };
+    let booked_gpu_ms: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(SUM(b.end_ms - b.start_ms) AS BIGINT) FROM bookings b JOIN compute_reservations r ON r.id = b.reservation_id
+         WHERE r.tenant_id = $1 AND r.pool_id = $2 AND r.id <> $3",
+    )
+    .bind(&r.tenant_id)
+    .bind(&r.pool_id)
+    .bind(&r.id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let spent = cost_minor(1, booked_gpu_ms.unwrap_or(0), price);
+    let charge = cost_minor(r.request.gpu_count(), r.end_ms - r.start_ms, price);
+    if spent + charge > budget {
+        return Err(Error::SpendLimitReached(format!(
+            "the charge of {charge} would exceed the budget: {spent} of {budget} already booked"
+        )));
+    }
+    Ok(())
+}
+
+/// Charges quota and places, in one transaction: `placed`, or `pending` (`Unschedulable` or
+/// `Queued`). A charge that does not fit is `QUOTA_EXCEEDED` and leaves the draft.
+async fn charge_and_place(
+    app: &App,
+    caller: &Principal,
+    pool: &Pool,
+    offer: Option<&Offer>,
+    mut r: Reservation,
+) -> Result<Reservation> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    lock_pool(app, &mut tx, &pool.id).await?;
+    let current = store::find(&mut tx, &r.id, app.store.for_update())
+        .await?
+        .ok_or_else(|| not_found(&r.id))?;
+    if !current.state.is_draft() {
+        return Ok(current);
+    }
+    let expected = current.state;
+    check_budget(&mut tx, pool, offer, &r).await?;
+    let charge = charge_of(&r, pool, &mut tx).await?;
+    let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
+    if let Some(resource) =
+        store::apply_charge(&mut tx, &r.pool_id, &r.tenant_id, &charge, 1, Some(&limits)).await?
+    {
+        drop(tx);
+        let mut conn = app.store.pool().acquire().await?;
+        let used = crate::pools::store::quota_used(&mut conn, &r.pool_id, &r.tenant_id).await?;
+        return Err(Error::QuotaExceeded {
+            message: format!(
+                "the request needs {} {resource} but the quota leaves {}",
+                charge[&resource],
+                limits.get(&resource).copied().unwrap_or(0)
+                    - used.get(&resource).copied().unwrap_or(0)
+            ),
+            details: json!({ "resource": resource, "requested": charge[&resource], "limit": limits.get(&resource).copied().unwrap_or(0), "used": used.get(&resource).copied().unwrap_or(0) }),
+        });
+    }
+    r.charge = Some(charge);
+    r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
+    let placed = try_place(&mut tx, pool, &mut r, now).await?;
+    r.updated_at = now;
+    if !store::update(&mut tx, &r, expected).await? {
+        return Err(Error::conflict(
+            "the reservation changed concurrently; retry",
+            Some(json!({ "reservationId": r.id })),
+        ));
+    }
+    let entry = Entry {
+        org_id: &r.tenant_id,
+        action: "compute-reservation.create",
+        object_type: "compute-reservation",
+        object_id: &r.id,
+        reason: None,
+        details: Some(json!({ "state": r.state, "charge": r.charge })),
+    };
+    audit::record(&mut tx, caller, entry, now).await?;
+    emit_placement(&mut tx, &r, placed, pool).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+/// What the reservation charges to quota: its devices, and host resources above the
+/// pool's per-GPU share.
+async fn charge_of(
+    r: &Reservation,
+    pool: &Pool,
+    conn: &mut AnyConnection,
+) -> Result<BTreeMap<String, i64>> {
+    let snapshot = Snapshot::load(
+        conn,
+        &pool.node_ids,
+        &r.id,
+        r.start_ms,
+        r.start_ms,
+        r.start_ms,
+    )
+    .await?;
+    let gpu_hosts: Vec<(i64, i64, i64)> = snapshot
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.host.vcpu,
+                n.host.memory_gib,
+                n.units
+                    .iter()
+                    .filter(|u| u.device_class == crate::inventory::DeviceClass::Gpu)
+                    .count() as i64,
+            )
+        })
+        .collect();
+    let (_, excess) = host_resources(
+        r.request.gpu_count(),
+        per_gpu_share(&pool.policy, &gpu_hosts),
+        r.request.resources,
+    );
+    Ok(quota_charge(&r.request, excess))
+}
+
+async fn wait_while_pending(app: &App, id: &str, wait_ms: i64) -> Result<Reservation> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+    loop {
+        let mut conn = app.store.pool().acquire().await?;
+        let r = store::find(&mut conn, id, "")
+            .await?
+            .ok_or_else(|| not_found(id))?;
+        if r.state != State::Pending || tokio::time::Instant::now() >= deadline {
+            return Ok(r);
+        }
+        drop(conn);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,233 @@
+//! The methods on an existing reservation: `get`, `release`, `cancel`, `renew`, and the
+//! terminal transition they share with the reconciler.
+
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::AnyConnection;
+
+use super::engine::{emit, not_found};
+use super::store::{self, ComputeReservation, Reservation};
+use super::{State, check_reservation_id, check_tenant_id};
+use crate::audit::{self, Entry};
+use crate::iam::{Permission, Principal};
+use crate::{App, Error, Result};
+
+/// Ends `r` in a terminal `state`: its bookings are released at `now`, its quota refunded
+/// (once: the charge is cleared with it), and its event emitted. Returns false when another
+/// writer moved it first.
+pub async fn terminate(
+    conn: &mut AnyConnection,
+    r: &mut Reservation,
+    state: State,
+    reason: &str,
+    now: i64,
+) -> Result<bool> {
+    let expected = r.state;
+    store::release_bookings(conn, &r.id, now).await?;
+    if let Some(charge) = r.charge.take() {
+        store::apply_charge(conn, &r.pool_id, &r.tenant_id, &charge, -1, None).await?;
+    }
+    r.state = state;
+    r.reason = Some(reason.to_string());
+    r.lease_deadline_ms = None;
+    r.next_attempt_ms = None;
+    r.extend_started_ms = None;
+    r.updated_at = now;
+    if !store::update(conn, r, expected).await? {
+        return Ok(false);
+    }
+    let kind = match state {
+        State::Cancelled => "reservation.cancelled",
+        State::Released => "reservation.released",
+        State::Failed => "reservation.failed",
+        _ => "reservation.expired",
+    };
+    emit(conn, r, kind, json!({ "reason": reason })).await?;
+    Ok(true)
+}
+
+/// Loads a reservation of `tenant` for a method that needs `permission`; callers decide
+/// what a draft means to them.
+pub(super) async fn authorized(
+    conn: &mut AnyConnection,
+    caller: &Principal,
+    permission: Permission,
+    tenant: &str,
+    id: &str,
+    lock: &str,
+) -> Result<Reservation> {
+    check_tenant_id(tenant)?;
+    check_reservation_id("reservationId", id)?;
+    if !(caller.has(permission) && caller.acts_for(tenant)) {
+        return Err(not_found(id));
+    }
+    match store::find(conn, id, lock).await? {
+        Some(r) if r.tenant_id == tenant => Ok(r),
+        _ => Err(not_found(id)),
+    }
+}
+
+/// Input of `get`, `release`, `cancel` and `renew`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReservationRef {
+    pub tenant_id: String,
+    pub reservation_id: String,
+}
+
+/// `get`: one reservation of the tenant; drafts are not found.
+pub async fn get(
+    app: &App,
+    caller: &Principal,
+    input: ReservationRef,
+) -> Result<ComputeReservation> {
+    let mut conn = app.store.pool().acquire().await?;
+    let r = authorized(
+        &mut conn,
+        caller,
+        Permission::ComputeRead,
+        &input.tenant_id,
+        &input.reservation_id,
+        "",
+    )
+    .await?;
+    if r.state.is_draft() {
+        return Err(not_found(&r.id));
+    }
+    Ok(r.view())
+}
+
+/// `release`: ends a reservation now. Pending becomes `cancelled`; terminal is unchanged;
+/// drafts are `INVALID_STATE`.
+pub async fn release(
+    app: &App,
+    caller: &Principal,
+    input: ReservationRef,
+) -> Result<ComputeReservation> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let mut r = authorized(
+        &mut tx,
+        caller,
+        Permission::ComputeRelease,
+        &input.tenant_id,
+        &input.reservation_id,
+        app.store.for_update(),
+    )
+    .await?;
+    if r.state.is_draft() {
+        return Err(Error::InvalidState(format!(
+            "reservation {} is still a {}",
+            r.id,
+            r.state.as_str()
+        )));
+    }
+    if r.state.is_terminal() {
+        return Ok(r.view());
+    }
+    let state = if r.state == State::Pending {
+        State::Cancelled
+    } else {
+        State::Released
+    };
+    terminate(&mut tx, &mut r, state, "release", now).await?;
+    audit_method(&mut tx, caller, &r, "compute-reservation.release", now).await?;
+    tx.commit().await?;
+    crate::reconciler::wake_pool(app, &r.pool_id).await?;
+    Ok(r.view())
+}
+
+/// `cancel`: withdraws a reservation that has not started (`pending` or `placed`).
+pub async fn cancel(
+    app: &App,
+    caller: &Principal,
+    input: ReservationRef,
+) -> Result<ComputeReservation> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let mut r = authorized(
+        &mut tx,
+        caller,
+        Permission::ComputeRelease,
+        &input.tenant_id,
+        &input.reservation_id,
+        app.store.for_update(),
+    )
+    .await?;
+    match r.state {
+        State::Draft | State::AwaitingConfirmation => return Err(not_found(&r.id)),
+        State::Cancelled => return Ok(r.view()),
+        State::Pending | State::Placed => {}
+        other => {
+            return Err(Error::InvalidState(format!(
+                "reservation {} is {}; use release for a started reservation",
+                r.id,
+                other.as_str()
+            )));
+        }
+    }
+    terminate(&mut tx, &mut r, State::Cancelled, "cancel", now).await?;
+    audit_method(&mut tx, caller, &r, "compute-reservation.cancel", now).await?;
+    tx.commit().await?;
+    crate::reconciler::wake_pool(app, &r.pool_id).await?;
+    Ok(r.view())
+}
+
+pub(super) async fn audit_method(
+    conn: &mut AnyConnection,
+    caller: &Principal,
+    r: &Reservation,
+    action: &str,
+    now: i64,
+) -> Result<()> {
+    let entry = Entry {
+        org_id: &r.tenant_id,
+        action,
+        object_type: "compute-reservation",
+        object_id: &r.id,
+        reason: r.reason.as_deref(),
+        details: Some(json!({ "state": r.state })),
+    };
+    audit::record(conn, caller, entry, now).await
+}
+
+/// `renew`: moves the lease deadline to now plus `leaseSeconds`.
+pub async fn renew(
+    app: &App,
+    caller: &Principal,
+    input: ReservationRef,
+) -> Result<ComputeReservation> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let mut r = authorized(
+        &mut tx,
+        caller,
+        Permission::ComputeExtend,
+        &input.tenant_id,
+        &input.reservation_id,
+        app.store.for_update(),
+    )
+    .await?;
+    if r.state.is_draft() {
+        return Err(not_found(&r.id));
+    }
+    let Some(lease) = r.lease_seconds else {
+        return Err(Error::InvalidState(format!(
+            "reservation {} was created without leaseSeconds",
+            r.id
+        )));
+    };
+    if !r.state.holds_units() {
+        return Err(Error::InvalidState(format!(
+            "reservation {} is {}; only placed, binding or active reservations renew",
+            r.id,
+            r.state.as_str()
+        )));
+    }
+    let state = r.state;
+    r.lease_deadline_ms = Some(now + lease * 1000);
+    r.updated_at = now;
+    store::update(&mut tx, &r, state).await?;
+    tx.commit().await?;
+    Ok(r.view())
+}

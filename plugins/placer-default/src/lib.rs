@@ -1,0 +1,246 @@
+//! The default placement policy of orl: NVLink-aware best fit.
+//!
+//! The types mirror the records of the `orl:policy` WIT package (`wit/policy.wit`) and the
+//! policy is a pure function over them, so the host can run it natively as well as through
+//! the WebAssembly component this crate also builds (the `placer` world, see
+//! `component.rs`).
+//!
+//! The rules, in order of precedence:
+//!
+//! 1. All units of a request go on one node. A unit is taken only for an entry of its class
+//!    and, when the entry names one, of its model; the units of an `nvlink_all` entry all
+//!    come from one NVLink domain.
+//! 2. An `nvlink_all` entry goes to the domain with the fewest free matching units that
+//!    still holds it (best fit), so that larger domains stay whole for larger requests.
+//! 3. Other entries pack: units outside any NVLink domain first, then units of domains that
+//!    are already busy, then units of idle domains, each time from the domain with the fewest
+//!    free matching units, so that whole domains stay free for large requests.
+//! 4. Among nodes: the best fit of rule 2, then the fewest idle domains broken into, then
+//!    the most busy units (packing), then the lowest node id.
+//! 5. Within a domain, and wherever nothing else decides, the lowest unit id.
+//!
+//! Entries are satisfied `nvlink_all` first, largest first, trying every choice of domain
+//! until the whole request fits; then entries pinned to a model; then the rest. The domain
+//! choices tried per node are capped at 10,000 (only requests with many `nvlink_all` entries
+//! come near it); a node that needs more counts as not fitting.
+//!
+//! The answer is deterministic: the same input always gives the same placement.
+
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code, clippy::too_many_arguments)] // the generated export bindings
+mod component;
+mod fit;
+mod reason;
+
+use std::fmt;
+
+/// What kind of device a unit provides and a request asks for (WIT `device-class`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeviceClass {
+    /// A whole GPU, or a group of GPUs handed out together.
+    Gpu,
+    /// A MIG instance.
+    GpuMig,
+    /// A time-slice or MPS slot.
+    GpuSlot,
+    /// A NIC virtual function.
+    NicVf,
+    /// A disk.
+    Disk,
+    /// A whole node.
+    Node,
+}
+
+impl DeviceClass {
+    /// The WIT spelling (`gpu`, `gpu-mig`, …), used in reasons.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceClass::Gpu => "gpu",
+            DeviceClass::GpuMig => "gpu-mig",
+            DeviceClass::GpuSlot => "gpu-slot",
+            DeviceClass::NicVf => "nic-vf",
+            DeviceClass::Disk => "disk",
+            DeviceClass::Node => "node",
+        }
+    }
+}
+
+impl fmt::Display for DeviceClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A unit the host found feasible for the request (WIT `unit`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unit {
+    /// The host's index for the unit, unique across one call.
+    pub id: u32,
+    /// The device class the unit provides.
+    pub class: DeviceClass,
+    /// Index into [`Request::models`].
+    pub model: u32,
+    /// The NVLink domain, unique within the unit's node; `None` outside any domain.
+    pub nvlink_domain: Option<u32>,
+    /// Device memory in GiB.
+    pub memory_gib: u32,
+}
+
+/// How loaded one NVLink domain of a node is over the requested window (WIT `domain-load`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomainLoad {
+    /// The domain, as in [`Unit::nvlink_domain`].
+    pub domain: u32,
+    /// Units of the domain booked at some point of the window.
+    pub busy: u32,
+    /// All units of the domain.
+    pub total: u32,
+}
+
+/// A candidate node with the units the request may take on it (WIT `node`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// The host's index for the node, unique within one call.
+    pub id: u32,
+    /// Units of the node booked at some point of the window.
+    pub busy_units: u32,
+    /// All units of the node.
+    pub total_units: u32,
+    /// The load of each NVLink domain; a domain missing here counts as idle.
+    pub domains: Vec<DomainLoad>,
+    /// The units the request may take.
+    pub free: Vec<Unit>,
+}
+
+impl Node {
+    /// Busy units of `domain` as reported by the host, `0` when it is not reported.
+    pub fn domain_busy(&self, domain: u32) -> u32 {
+        self.domains
+            .iter()
+            .find(|d| d.domain == domain)
+            .map_or(0, |d| d.busy)
+    }
+}
+
+/// One kind of device a request asks for (WIT `device-request`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceRequest {
+    /// The class every unit for this entry must have.
+    pub class: DeviceClass,
+    /// How many units this entry needs; `0` asks for nothing.
+    pub count: u32,
+    /// Index into [`Request::models`]; `None` accepts any model.
+    pub model: Option<u32>,
+    /// All units of this entry must share one NVLink domain.
+    pub nvlink_all: bool,
+}
+
+impl DeviceRequest {
+    /// Whether `unit` may serve this entry: same class and, when the entry names a model,
+    /// same model. NVLink domains are not considered here.
+    pub fn accepts(&self, unit: &Unit) -> bool {
+        unit.class == self.class && self.model.is_none_or(|m| m == unit.model)
+    }
+}
+
+/// What a tenant asks to have placed (WIT `request`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    /// The devices asked for; a placement lists units entry by entry in this order.
+    pub devices: Vec<DeviceRequest>,
+    /// A request for spot capacity.
+    pub spot: bool,
+    /// How long the units would be held, in seconds.
+    pub duration_seconds: u64,
+    /// Interned model names, indexed by `Unit::model` and `DeviceRequest::model`.
+    pub models: Vec<String>,
+}
+
+impl Request {
+    /// How many units a placement of this request holds: the sum of the entries' counts.
+    pub fn unit_count(&self) -> u64 {
+        self.devices.iter().map(|d| u64::from(d.count)).sum()
+    }
+
+    /// The name of model index `model`, or `#<index>` when the request does not list it.
+    pub fn model_name(&self, model: u32) -> String {
+        match self.models.get(model as usize) {
+            Some(name) => name.clone(),
+            None => format!("#{model}"),
+        }
+    }
+}
+
+/// Where a request goes (WIT `placement`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The node every unit is on.
+    pub node: u32,
+    /// Unit ids entry by entry, in the order of [`Request::devices`]; ascending within an
+    /// entry.
+    pub units: Vec<u32>,
+}
+
+/// Why a request cannot be placed on the candidates it was given. The reason is meant for
+/// the person who made the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unschedulable {
+    reason: String,
+}
+
+impl Unschedulable {
+    /// An unschedulable verdict with `reason`.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Unschedulable {
+            reason: reason.into(),
+        }
+    }
+
+    /// The reason, for the person who made the request.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The reason, as the WIT `err` payload.
+    pub fn into_reason(self) -> String {
+        self.reason
+    }
+}
+
+impl fmt::Display for Unschedulable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for Unschedulable {}
+
+/// Places `req` on the best of `nodes` by the rules in the crate documentation.
+///
+/// An `Ok` placement satisfies every rule of the WIT `placement` record: exactly
+/// [`Request::unit_count`] distinct ids, all from the chosen node's `free` list, listed
+/// entry by entry, each of its entry's class and model, and one domain per `nvlink_all`
+/// entry. `Err` carries a reason naming what no node has.
+pub fn place(req: &Request, nodes: &[Node]) -> Result<Placement, Unschedulable> {
+    if req.unit_count() == 0 {
+        return Err(Unschedulable::new("the request asks for no devices"));
+    }
+    nodes
+        .iter()
+        .filter_map(|node| fit::best_on(req, node))
+        .min_by(|a, b| a.score.cmp(&b.score))
+        .map(|fit| fit.placement)
+        .ok_or_else(|| Unschedulable::new(reason::no_node_fits(req, nodes)))
+}
+
+/// The placement [`place`] would choose for `req` if `node` were the only candidate, or
+/// `None` when the request does not fit on it. A request for no devices fits nowhere.
+pub fn place_on(req: &Request, node: &Node) -> Option<Placement> {
+    if req.unit_count() == 0 {
+        return None;
+    }
+    fit::best_on(req, node).map(|fit| fit.placement)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,564 @@
+use super::*;
+
+const H100: u32 = 0;
+const A100: u32 = 1;
+
+fn unit(id: u32, class: DeviceClass, model: u32, domain: Option<u32>) -> Unit {
+    Unit {
+        id,
+        class,
+        model,
+        nvlink_domain: domain,
+        memory_gib: 80,
+    }
+}
+
+/// H100 GPUs `ids` in NVLink domain `domain`.
+fn h100s(ids: std::ops::Range<u32>, domain: u32) -> Vec<Unit> {
+    ids.map(|id| unit(id, DeviceClass::Gpu, H100, Some(domain)))
+        .collect()
+}
+
+fn node(id: u32, busy_units: u32, domains: &[(u32, u32, u32)], free: Vec<Unit>) -> Node {
+    Node {
+        id,
+        busy_units,
+        total_units: 16,
+        domains: domains
+            .iter()
+            .map(|&(domain, busy, total)| DomainLoad {
+                domain,
+                busy,
+                total,
+            })
+            .collect(),
+        free,
+    }
+}
+
+fn gpus(count: u32, nvlink_all: bool) -> DeviceRequest {
+    DeviceRequest {
+        class: DeviceClass::Gpu,
+        count,
+        model: Some(H100),
+        nvlink_all,
+    }
+}
+
+fn request(devices: Vec<DeviceRequest>) -> Request {
+    Request {
+        devices,
+        spot: false,
+        duration_seconds: 3600,
+        models: vec!["H100".to_string(), "A100".to_string()],
+    }
+}
+
+#[test]
+fn nvlink_all_fits_inside_one_domain() {
+    let mut free = h100s(0..3, 0);
+    free.extend(h100s(3..7, 1));
+    let nodes = [node(1, 0, &[(0, 0, 4), (1, 0, 4)], free)];
+
+    let placement = place(&request(vec![gpus(4, true)]), &nodes).unwrap();
+
+    assert_eq!(
+        placement,
+        Placement {
+            node: 1,
+            units: vec![3, 4, 5, 6]
+        }
+    );
+}
+
+#[test]
+fn nvlink_all_takes_the_domain_with_the_fewest_free_units_that_fits() {
+    let mut free = h100s(0..8, 0);
+    free.extend(h100s(8..12, 1));
+    free.extend(h100s(12..14, 2));
+    let nodes = [node(1, 2, &[(0, 0, 8), (1, 0, 4), (2, 2, 4)], free)];
+
+    let placement = place(&request(vec![gpus(3, true)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![8, 9, 10]);
+}
+
+#[test]
+fn nvlink_best_fit_beats_a_busier_node() {
+    let nodes = [
+        node(1, 8, &[(0, 0, 8)], h100s(0..8, 0)),
+        node(2, 0, &[(0, 4, 8)], h100s(8..12, 0)),
+    ];
+
+    let placement = place(&request(vec![gpus(4, true)]), &nodes).unwrap();
+
+    assert_eq!(
+        placement,
+        Placement {
+            node: 2,
+            units: vec![8, 9, 10, 11]
+        }
+    );
+}
+
+#[test]
+fn nvlink_all_ties_go_to_the_busier_node() {
+    let nodes = [
+        node(1, 0, &[(0, 0, 4)], h100s(0..4, 0)),
+        node(2, 4, &[(0, 0, 4)], h100s(4..8, 0)),
+    ];
+
+    let placement = place(&request(vec![gpus(4, true)]), &nodes).unwrap();
+
+    assert_eq!(placement.node, 2);
+}
+
+#[test]
+fn nvlink_all_never_splits_across_domains() {
+    let mut free = h100s(0..4, 0);
+    free.extend(h100s(4..8, 1));
+    let nodes = [node(1, 0, &[(0, 0, 4), (1, 0, 4)], free)];
+
+    let err = place(&request(vec![gpus(5, true)]), &nodes).unwrap_err();
+
+    assert_eq!(
+        err.reason(),
+        "no node has 5 free gpu units of model H100 in one NVLink domain"
+    );
+}
+
+#[test]
+fn units_outside_any_domain_never_satisfy_nvlink_all() {
+    let free = (0..8)
+        .map(|id| unit(id, DeviceClass::Gpu, H100, None))
+        .collect();
+    let nodes = [node(1, 0, &[], free)];
+
+    assert!(place(&request(vec![gpus(2, true)]), &nodes).is_err());
+    assert!(place(&request(vec![gpus(1, true)]), &nodes).is_err());
+    assert!(place(&request(vec![gpus(2, false)]), &nodes).is_ok());
+}
+
+#[test]
+fn small_requests_pack_into_used_domains() {
+    let mut free = h100s(0..4, 0);
+    free.extend(h100s(4..6, 1));
+    // Domain 0 is idle with four free units; domain 1 is half busy with two.
+    let nodes = [node(1, 2, &[(0, 0, 4), (1, 2, 4)], free)];
+
+    let placement = place(&request(vec![gpus(1, false)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![4]);
+}
+
+#[test]
+fn small_requests_take_busy_domains_before_idle_smaller_ones() {
+    let mut free = h100s(0..2, 0);
+    free.extend(h100s(2..6, 1));
+    let nodes = [node(1, 4, &[(0, 0, 2), (1, 4, 8)], free)];
+
+    let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![2, 3]);
+}
+
+#[test]
+fn idle_requests_take_the_smallest_idle_domain_first() {
+    let mut free = h100s(0..8, 0);
+    free.extend(h100s(8..12, 1));
+    let nodes = [node(1, 0, &[(0, 0, 8), (1, 0, 4)], free)];
+
+    let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![8, 9]);
+}
+
+#[test]
+fn large_open_requests_fill_busy_domains_before_breaking_idle_ones() {
+    let mut free = h100s(0..2, 0);
+    free.extend(h100s(2..10, 1));
+    let nodes = [node(1, 6, &[(0, 6, 8), (1, 0, 8)], free)];
+
+    let placement = place(&request(vec![gpus(6, false)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn units_outside_any_domain_are_taken_first_by_open_requests() {
+    let mut free = h100s(0..4, 0);
+    free.push(unit(9, DeviceClass::Gpu, H100, None));
+    let nodes = [node(1, 4, &[(0, 4, 8)], free)];
+
+    let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![0, 9]);
+}
+
+#[test]
+fn open_requests_prefer_nodes_with_busy_domains_over_busier_nodes_with_idle_ones() {
+    let nodes = [
+        // Busier, but only a whole idle domain is free.
+        node(1, 8, &[(0, 8, 8), (1, 0, 8)], h100s(0..8, 1)),
+        node(2, 2, &[(0, 2, 8)], h100s(8..14, 0)),
+    ];
+
+    let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
+
+    assert_eq!(placement.node, 2);
+}
+
+#[test]
+fn open_requests_pack_onto_the_busier_node() {
+    let nodes = [
+        node(1, 1, &[(0, 1, 8)], h100s(0..7, 0)),
+        node(2, 5, &[(0, 5, 8)], h100s(7..10, 0)),
+    ];
+
+    let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
+
+    assert_eq!(
+        placement,
+        Placement {
+            node: 2,
+            units: vec![7, 8]
+        }
+    );
+}
+
+#[test]
+fn a_request_never_spans_nodes() {
+    let nodes = [
+        node(1, 0, &[(0, 0, 4)], h100s(0..4, 0)),
+        node(2, 0, &[(0, 0, 4)], h100s(4..8, 0)),
+    ];
+
+    let err = place(&request(vec![gpus(8, false)]), &nodes).unwrap_err();
+
+    assert_eq!(err.reason(), "no node has 8 free gpu units of model H100");
+}
+
+#[test]
+fn class_and_model_are_respected() {
+    let free = vec![
+        unit(0, DeviceClass::Gpu, A100, Some(0)),
+        unit(1, DeviceClass::GpuMig, H100, Some(0)),
+        unit(2, DeviceClass::Gpu, H100, Some(0)),
+        unit(3, DeviceClass::NicVf, 0, None),
+        unit(4, DeviceClass::Gpu, H100, Some(0)),
+    ];
+    let nodes = [node(1, 0, &[(0, 0, 4)], free)];
+
+    let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
+    assert_eq!(placement.units, vec![2, 4]);
+
+    let any_model = DeviceRequest {
+        model: None,
+        ..gpus(3, false)
+    };
+    let placement = place(&request(vec![any_model]), &nodes).unwrap();
+    assert_eq!(placement.units, vec![0, 2, 4]);
+
+    let err = place(&request(vec![gpus(3, false)]), &nodes).unwrap_err();
+    assert_eq!(err.reason(), "no node has 3 free gpu units of model H100");
+}
+
+#[test]
+fn units_are_listed_entry_by_entry_in_request_order() {
+    let mut free = h100s(0..4, 0);
+    free.push(unit(10, DeviceClass::NicVf, 0, None));
+    free.push(unit(11, DeviceClass::NicVf, 0, None));
+    let nodes = [node(1, 0, &[(0, 0, 4)], free)];
+    let nic = DeviceRequest {
+        class: DeviceClass::NicVf,
+        count: 1,
+        model: None,
+        nvlink_all: false,
+    };
+
+    let placement = place(&request(vec![nic, gpus(2, true)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![10, 0, 1]);
+}
+
+#[test]
+fn pinned_entries_are_served_before_open_ones() {
+    let free = vec![
+        unit(0, DeviceClass::Gpu, H100, None),
+        unit(1, DeviceClass::Gpu, A100, Some(0)),
+    ];
+    let nodes = [node(1, 0, &[(0, 0, 1)], free)];
+    let open = DeviceRequest {
+        model: None,
+        ..gpus(1, false)
+    };
+
+    // The open entry alone would take unit 0 (outside any domain); it must leave it to the
+    // entry pinned to H100.
+    let placement = place(&request(vec![open, gpus(1, false)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![1, 0]);
+}
+
+#[test]
+fn nvlink_entries_backtrack_when_the_tightest_domain_starves_a_later_entry() {
+    // Domain 0: one H100 and two A100s. Domain 1: five H100s.
+    let mut free = vec![
+        unit(0, DeviceClass::Gpu, H100, Some(0)),
+        unit(1, DeviceClass::Gpu, A100, Some(0)),
+        unit(2, DeviceClass::Gpu, A100, Some(0)),
+    ];
+    free.extend(h100s(3..8, 1));
+    let nodes = [node(1, 0, &[(0, 0, 3), (1, 0, 5)], free)];
+    let any_three = DeviceRequest {
+        model: None,
+        ..gpus(3, true)
+    };
+    let two_a100 = DeviceRequest {
+        model: Some(A100),
+        ..gpus(2, true)
+    };
+
+    let placement = place(&request(vec![any_three, two_a100]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![3, 4, 5, 1, 2]);
+}
+
+#[test]
+fn two_nvlink_entries_may_share_a_domain() {
+    let nodes = [node(1, 0, &[(0, 0, 8)], h100s(0..8, 0))];
+
+    let placement = place(&request(vec![gpus(4, true), gpus(4, true)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![0, 1, 2, 3, 4, 5, 6, 7]);
+}
+
+#[test]
+fn ties_go_to_the_lowest_node_id_and_unit_id() {
+    let nodes = [
+        node(5, 0, &[(0, 0, 4)], h100s(10..14, 0)),
+        node(
+            3,
+            0,
+            &[(0, 0, 4)],
+            h100s(0..4, 0).into_iter().rev().collect(),
+        ),
+    ];
+
+    let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
+
+    assert_eq!(
+        placement,
+        Placement {
+            node: 3,
+            units: vec![0, 1]
+        }
+    );
+}
+
+#[test]
+fn the_answer_does_not_depend_on_input_order() {
+    let mut free = h100s(0..4, 0);
+    free.extend(h100s(4..10, 1));
+    let a = node(1, 3, &[(0, 2, 6), (1, 1, 7)], free.clone());
+    let mut reversed = free;
+    reversed.reverse();
+    let b = node(2, 3, &[(1, 1, 7), (0, 2, 6)], reversed);
+    let req = request(vec![gpus(3, false), gpus(2, true)]);
+
+    let first = place(&req, &[a.clone(), b.clone()]).unwrap();
+    let second = place(&req, &[b, a]).unwrap();
+
+    assert_eq!(first, second);
+    assert_eq!(first.node, 1);
+}
+
+#[test]
+fn a_request_for_nothing_is_refused() {
+    let nodes = [node(1, 0, &[(0, 0, 4)], h100s(0..4, 0))];
+
+    let err = place(&request(vec![gpus(0, true)]), &nodes).unwrap_err();
+
+    assert_eq!(err.reason(), "the request asks for no devices");
+    assert_eq!(place_on(&request(vec![]), &nodes[0]), None);
+}
+
+#[test]
+fn entries_asking_for_nothing_are_ignored() {
+    let nodes = [node(1, 0, &[(0, 0, 4)], h100s(0..4, 0))];
+
+    let placement = place(&request(vec![gpus(0, true), gpus(2, true)]), &nodes).unwrap();
+
+    assert_eq!(placement.units, vec![0, 1]);
+}
+
+#[test]
+fn no_candidates_is_unschedulable_with_a_reason() {
+    let err = place(&request(vec![gpus(8, true)]), &[]).unwrap_err();
+
+    assert_eq!(
+        err.reason(),
+        "no node has 8 free gpu units of model H100 in one NVLink domain: no candidate nodes"
+    );
+}
+
+#[test]
+fn the_reason_names_the_entry_that_fits_nowhere() {
+    let nodes = [node(1, 0, &[(0, 0, 4)], h100s(0..4, 0))];
+    let nic = DeviceRequest {
+        class: DeviceClass::NicVf,
+        count: 1,
+        model: None,
+        nvlink_all: false,
+    };
+
+    let err = place(&request(vec![gpus(2, true), nic]), &nodes).unwrap_err();
+
+    assert_eq!(err.reason(), "no node has 1 free nic-vf unit");
+}
+
+#[test]
+fn the_reason_names_all_entries_when_each_fits_somewhere_but_not_together() {
+    let nodes = [
+        node(1, 0, &[(0, 0, 4)], h100s(0..4, 0)),
+        node(2, 0, &[], vec![unit(9, DeviceClass::Disk, A100, None)]),
+    ];
+    let disk = DeviceRequest {
+        class: DeviceClass::Disk,
+        count: 1,
+        model: Some(A100),
+        nvlink_all: false,
+    };
+
+    let err = place(&request(vec![gpus(4, true), disk]), &nodes).unwrap_err();
+
+    assert_eq!(
+        err.reason(),
+        "no node has, at the same time, 4 free gpu units of model H100 in one NVLink domain \
+         and 1 free disk unit of model A100"
+    );
+}
+
+#[test]
+fn an_unknown_model_index_is_named_by_its_index() {
+    let err = place(
+        &request(vec![DeviceRequest {
+            model: Some(7),
+            ..gpus(1, false)
+        }]),
+        &[node(1, 0, &[], h100s(0..1, 0))],
+    )
+    .unwrap_err();
+
+    assert_eq!(err.reason(), "no node has 1 free gpu unit of model #7");
+}
+
+#[test]
+fn place_on_agrees_with_place_for_a_single_node() {
+    let mut free = h100s(0..3, 0);
+    free.extend(h100s(3..8, 1));
+    let candidate = node(4, 3, &[(0, 1, 4), (1, 2, 7)], free);
+    let req = request(vec![gpus(2, false), gpus(3, true)]);
+
+    assert_eq!(
+        place_on(&req, &candidate),
+        Some(place(&req, std::slice::from_ref(&candidate)).unwrap())
+    );
+}
+
+/// A small deterministic generator, so the property test needs no dependency.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u32) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % u64::from(n)) as u32
+    }
+}
+
+/// Checks every rule of the WIT `placement` record.
+fn assert_valid(req: &Request, nodes: &[Node], placement: &Placement) {
+    let node = nodes
+        .iter()
+        .find(|n| n.id == placement.node)
+        .expect("a given node");
+    assert_eq!(placement.units.len() as u64, req.unit_count());
+    let mut seen = placement.units.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), placement.units.len(), "duplicate units");
+    let mut ids = placement.units.iter();
+    for entry in &req.devices {
+        let units: Vec<&Unit> = ids
+            .by_ref()
+            .take(entry.count as usize)
+            .map(|id| node.free.iter().find(|u| u.id == *id).expect("a free unit"))
+            .collect();
+        assert!(units.iter().all(|u| entry.accepts(u)), "class or model");
+        if entry.nvlink_all {
+            assert!(units.iter().all(|u| u.nvlink_domain.is_some()));
+            assert!(
+                units
+                    .windows(2)
+                    .all(|w| w[0].nvlink_domain == w[1].nvlink_domain)
+            );
+        }
+    }
+}
+
+#[test]
+fn every_placement_keeps_the_placement_rules() {
+    let mut rng = Lcg(7);
+    let mut placed = 0;
+    for _ in 0..500 {
+        let mut next_id = 0;
+        let nodes: Vec<Node> = (0..1 + rng.below(4))
+            .map(|id| {
+                let domains = rng.below(3);
+                let free = (0..rng.below(12))
+                    .map(|_| {
+                        next_id += 1;
+                        let class = if rng.below(5) == 0 {
+                            DeviceClass::NicVf
+                        } else {
+                            DeviceClass::Gpu
+                        };
+                        let domain = (domains > 0 && rng.below(4) != 0).then(|| rng.below(domains));
+                        unit(next_id, class, rng.below(2), domain)
+                    })
+                    .collect();
+                let loads: Vec<(u32, u32, u32)> =
+                    (0..domains).map(|d| (d, rng.below(3), 8)).collect();
+                node(id, rng.below(8), &loads, free)
+            })
+            .collect();
+        let devices = (0..1 + rng.below(3))
+            .map(|_| DeviceRequest {
+                class: if rng.below(4) == 0 {
+                    DeviceClass::NicVf
+                } else {
+                    DeviceClass::Gpu
+                },
+                count: rng.below(4),
+                model: (rng.below(2) == 0).then(|| rng.below(2)),
+                nvlink_all: rng.below(2) == 0,
+            })
+            .collect();
+        let req = request(devices);
+
+        match place(&req, &nodes) {
+            Ok(placement) => {
+                assert_valid(&req, &nodes, &placement);
+                placed += 1;
+            }
+            Err(err) => assert!(err.reason().starts_with("no node has") || req.unit_count() == 0),
+        }
+    }
+    assert!(
+        placed > 50,
+        "the generator should produce placeable requests ({placed})"
+    );
+}

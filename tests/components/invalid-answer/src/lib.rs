@@ -1,0 +1,82 @@
+//! A placer that answers with placements the host must refuse. It computes a valid
+//! first-fit placement and then breaks it; `request.duration-seconds` picks how:
+//!
+//! | duration-seconds | answer |
+//! |---|---|
+//! | 1 | the right number of ids, the last one never offered on any node |
+//! | 2 | the right number of ids, the last one a duplicate of the first |
+//! | 3 | valid ids, but `placement.node` names another candidate node (needs two nodes) |
+//! | 4 | one id fewer than the request asks for |
+//! | 5 | valid ids on a node id that is not a candidate |
+//! | 6 | the first id replaced by an offered unit of another class or model, if there is one |
+//! | anything else | an id never offered and duplicates at once: `[first, first, unknown]` |
+//!
+//! With no valid placement to break it answers `err`.
+
+use placer_fixture::{Guest, Node, Placement, Request, first_fit};
+
+struct InvalidAnswer;
+
+impl Guest for InvalidAnswer {
+    fn place(req: Request, nodes: Vec<Node>) -> Result<Placement, String> {
+        let valid = first_fit(&req, &nodes)
+            .map_err(|_| "invalid-answer fixture: no valid placement to break".to_string())?;
+        let never_offered = nodes
+            .iter()
+            .flat_map(|n| n.free.iter().map(|u| u.id))
+            .max()
+            .unwrap_or(0)
+            .wrapping_add(1000);
+        let mut units = valid.units.clone();
+        let first = units.first().copied().unwrap_or(0);
+        let node = match req.duration_seconds {
+            1 => {
+                if let Some(last) = units.last_mut() {
+                    *last = never_offered;
+                }
+                valid.node
+            }
+            2 => {
+                if let Some(last) = units.last_mut() {
+                    *last = first;
+                }
+                valid.node
+            }
+            3 => nodes
+                .iter()
+                .map(|n| n.id)
+                .find(|&id| id != valid.node)
+                .unwrap_or(valid.node),
+            4 => {
+                units.pop();
+                valid.node
+            }
+            5 => nodes
+                .iter()
+                .map(|n| n.id)
+                .max()
+                .unwrap_or(0)
+                .wrapping_add(1000),
+            6 => {
+                let entry = req.devices.iter().find(|d| d.count > 0);
+                let home = nodes.iter().find(|n| n.id == valid.node);
+                let mismatch = entry.zip(home).and_then(|(entry, home)| {
+                    home.free.iter().find(|u| {
+                        u.class != entry.class || entry.model.is_some_and(|m| m != u.model)
+                    })
+                });
+                if let (Some(unit), Some(slot)) = (mismatch, units.first_mut()) {
+                    *slot = unit.id;
+                }
+                valid.node
+            }
+            _ => {
+                units = vec![first, first, never_offered];
+                valid.node
+            }
+        };
+        Ok(Placement { node, units })
+    }
+}
+
+placer_fixture::export_placer!(InvalidAnswer);

@@ -1,0 +1,21 @@
+//! A placer that tries to read the host's environment. If any variable is visible it
+//! answers `err("ENV: <name>")`; otherwise, as it must be, it places the request normally
+//! (first fit).
+
+use placer_fixture::{Guest, Node, Placement, Request, first_fit};
+
+struct ReadEnv;
+
+impl Guest for ReadEnv {
+    fn place(req: Request, nodes: Vec<Node>) -> Result<Placement, String> {
+        if let Some((name, _)) = std::env::vars_os().next() {
+            return Err(format!("ENV: {}", name.to_string_lossy()));
+        }
+        if let Some(arg) = std::env::args_os().next() {
+            return Err(format!("ENV: argument {}", arg.to_string_lossy()));
+        }
+        first_fit(&req, &nodes)
+    }
+}
+
+placer_fixture::export_placer!(ReadEnv);
