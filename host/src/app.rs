@@ -5,24 +5,29 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::metrics::Metrics;
+use crate::policy::PolicyHost;
 use crate::store::Store;
 
-/// Everything a request needs: the database, the one clock, and the metrics registry.
+/// Everything a request needs: the database, the one clock, the policy runtime and the
+/// metrics registry.
 /// Cheap to clone (handlers receive it as `State<Arc<App>>`).
 pub struct App {
     pub store: Store,
     pub clock: Clock,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
+    /// The WebAssembly policy runtime.
+    pub policy: Arc<PolicyHost>,
     /// Where the server keeps its files (SQLite database, admin key).
     pub data_dir: PathBuf,
 }
 
 impl App {
-    pub fn new(store: Store, clock: Clock, data_dir: PathBuf) -> Arc<App> {
+    pub fn new(store: Store, clock: Clock, policy: Arc<PolicyHost>, data_dir: PathBuf) -> Arc<App> {
         Arc::new(App {
             store,
             clock,
-            metrics: Metrics::new(),
+            metrics: Arc::new(Metrics::new()),
+            policy,
             data_dir,
         })
     }

@@ -43,6 +43,9 @@ pub enum Error {
     /// The budget does not cover the charge.
     #[error("{0}")]
     SpendLimitReached(String),
+    /// A policy plugin failed its decision (trap, deadline, memory cap, invalid answer).
+    #[error("{}", .0.message)]
+    PolicyFailed(crate::policy::Failure),
     /// The request body is larger than the endpoint accepts.
     #[error("{0}")]
     PayloadTooLarge(String),

@@ -18,6 +18,7 @@ pub mod ids;
 pub mod inventory;
 pub mod metrics;
 pub mod node_reservations;
+pub mod policy;
 pub mod pools;
 pub mod reconciler;
 pub mod serve;

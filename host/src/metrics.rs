@@ -14,6 +14,15 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
+/// Labels of one policy decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub plugin: String,
+    pub world: String,
+    /// `placed`, `unschedulable`, or how it failed (`trap`, `deadline`, `memory`, `invalid-answer`).
+    pub outcome: String,
+}
+
 type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
 /// The server's metrics and the registry that renders them.
@@ -21,6 +30,7 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: HistogramFamily,
+    decisions: Family<DecisionLabels, Counter>,
 }
 
 impl Metrics {
@@ -35,10 +45,17 @@ impl Metrics {
             "Time to answer an HTTP request",
             latency.clone(),
         );
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "policy_decisions",
+            "Policy plugin decisions by outcome",
+            decisions.clone(),
+        );
         Metrics {
             registry,
             requests,
             latency,
+            decisions,
         }
     }
 
@@ -46,6 +63,16 @@ impl Metrics {
     pub fn observe_request(&self, labels: RequestLabels, seconds: f64) {
         self.latency.get_or_create(&labels).observe(seconds);
         self.requests.get_or_create(&labels).inc();
+    }
+
+    /// Counts one policy decision.
+    pub fn observe_decision(&self, plugin: &str, world: &str, outcome: &str) {
+        let labels = DecisionLabels {
+            plugin: plugin.into(),
+            world: world.into(),
+            outcome: outcome.into(),
+        };
+        self.decisions.get_or_create(&labels).inc();
     }
 
     /// The Prometheus text exposition of every metric.

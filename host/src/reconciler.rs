@@ -56,9 +56,7 @@ pub async fn run_once(app: &App) -> Result<()> {
         }
         match r.state {
             State::Placed if r.start_ms <= now => activate(app, r).await?,
-            State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => {
-                engine::retry(app, &r.id).await?;
-            }
+            State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => retry(app, &r.id).await,
             _ => {}
         }
     }
@@ -115,9 +113,17 @@ pub async fn wake_pool(app: &App, pool_id: &str) -> Result<()> {
     .fetch_all(app.store.pool())
     .await?;
     for id in pending {
-        engine::retry(app, &id).await?;
+        retry(app, &id).await;
     }
     Ok(())
+}
+
+/// Retries one pending reservation. A failure (a failing placement plugin, say) is that
+/// reservation's alone: it is logged and the reservation waits for its next attempt.
+async fn retry(app: &App, id: &str) {
+    if let Err(err) = engine::retry(app, id).await {
+        tracing::warn!(reservation = %id, error = %err, "placement retry failed");
+    }
 }
 
 /// Runs the reconciler every `every` until the process stops.

@@ -57,7 +57,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| Store::sqlite_url(&args.data_dir));
     let store = Store::open(&url).await?;
     tracing::info!(backend = ?store.backend(), "database ready");
-    let app = App::new(store, clock, args.data_dir.clone());
+    let policy = crate::policy::PolicyHost::new(&args.data_dir)?;
+    let app = App::new(store, clock, policy, args.data_dir.clone());
     let generated = bootstrap(&app, admin_key.as_deref()).await?;
     if let Some(secret) = &generated {
         eprintln!(

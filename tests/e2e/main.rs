@@ -13,4 +13,5 @@ mod inventory;
 mod keys;
 mod node_reservations;
 mod orgs;
+mod plugins;
 mod system;

@@ -1,6 +1,6 @@
 //! The harness: a server process per test, on the database it asks for, and a JSON client.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -471,4 +471,47 @@ pub async fn reservation_id_of(server: &Server, tenant: &str, key: &str) -> Stri
     .fetch_one(&mut conn)
     .await
     .unwrap()
+}
+
+/// Builds WebAssembly components from source once per test run and returns the path of
+/// `file` (e.g. `trap.wasm`): the spread example from the root workspace, the hostile
+/// fixtures from `tests/components`.
+pub fn component(file: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        let target = root.join("target").join("e2e-components");
+        let build = |manifest: &Path, extra: &[&str]| {
+            let status = std::process::Command::new(env!("CARGO"))
+                .args([
+                    "build",
+                    "--release",
+                    "--target",
+                    "wasm32-wasip2",
+                    "--manifest-path",
+                ])
+                .arg(manifest)
+                .arg("--target-dir")
+                .arg(&target)
+                .args(extra)
+                .env_remove("RUSTFLAGS")
+                .env_remove("CARGO_ENCODED_RUSTFLAGS")
+                .status()
+                .expect("running cargo");
+            assert!(
+                status.success(),
+                "building components from {}",
+                manifest.display()
+            );
+        };
+        build(&root.join("Cargo.toml"), &["-p", "orl-placer-spread"]);
+        build(&root.join("tests/components/Cargo.toml"), &["--workspace"]);
+        target.join("wasm32-wasip2/release")
+    });
+    let path = dir.join(file);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
 }

@@ -20,7 +20,7 @@ pub struct ErrorEnvelope {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// `NOT_FOUND`, `INVALID_INPUT`, `UNAUTHENTICATED`, `CONFLICT`, `INVALID_STATE`, `UNSUPPORTED`, `ACCESS_DENIED`,
-    /// `CONFIRMATION_REQUIRED`, `QUOTA_EXCEEDED`, `SPEND_LIMIT_REACHED`, `PAYLOAD_TOO_LARGE`,
+    /// `CONFIRMATION_REQUIRED`, `QUOTA_EXCEEDED`, `SPEND_LIMIT_REACHED`, `POLICY_FAILED`, `PAYLOAD_TOO_LARGE`,
     /// `METHOD_NOT_ALLOWED`, `INTERNAL`.
     pub code: String,
     pub message: String,
@@ -46,6 +46,7 @@ impl Error {
             Error::ConfirmationRequired { .. } => (StatusCode::FORBIDDEN, "CONFIRMATION_REQUIRED"),
             Error::QuotaExceeded { .. } => (StatusCode::CONFLICT, "QUOTA_EXCEEDED"),
             Error::SpendLimitReached(_) => (StatusCode::PAYMENT_REQUIRED, "SPEND_LIMIT_REACHED"),
+            Error::PolicyFailed(_) => (StatusCode::BAD_GATEWAY, "POLICY_FAILED"),
             Error::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
         }
@@ -64,6 +65,14 @@ impl IntoResponse for Error {
             Error::Conflict { message, details } => (message.clone(), details.clone()),
             Error::ConfirmationRequired { message, details }
             | Error::QuotaExceeded { message, details } => (message.clone(), Some(details.clone())),
+            Error::PolicyFailed(failure) => (
+                format!(
+                    "policy plugin failed ({}): {}",
+                    failure.kind.as_str(),
+                    failure.message
+                ),
+                Some(json!(failure)),
+            ),
             other => (other.to_string(), None),
         };
         let envelope = ErrorEnvelope {

@@ -135,3 +135,28 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Default> FromRequest<S> fo
             })
     }
 }
+
+/// A raw request body (bounded by the route's body limit), for uploads.
+pub struct RawBody(pub axum::body::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = Error;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Error> {
+        axum::body::Bytes::from_request(request, state)
+            .await
+            .map(RawBody)
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    Error::PayloadTooLarge(
+                        "the request body is larger than this route accepts".into(),
+                    )
+                } else {
+                    Error::InvalidInput {
+                        message: rejection.body_text(),
+                        field: None,
+                    }
+                }
+            })
+    }
+}

@@ -6,6 +6,7 @@ mod iam;
 mod node_reservations;
 mod nodes;
 mod orgs;
+mod plugins;
 mod pools;
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .merge(node_reservations::router())
         .merge(audit::router())
         .merge(pools::router())
+        .merge(plugins::router())
         .merge(iam::router())
         .merge(events::router())
         .merge(crate::api::rpc::router())

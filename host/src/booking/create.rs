@@ -454,7 +454,7 @@ async fn charge_and_place(
     }
     r.charge = Some(charge);
     r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
-    let placed = try_place(&mut tx, pool, &mut r, now).await?;
+    let placed = try_place(app, &mut tx, pool, &mut r, now).await?;
     r.updated_at = now;
     if !store::update(&mut tx, &r, expected).await? {
         return Err(Error::conflict(

@@ -4,7 +4,7 @@
 use serde_json::json;
 use sqlx::AnyConnection;
 
-use super::placement::{Choice, FirstFit, Placer, Snapshot, check_choice};
+use super::placement::{Refusal, Snapshot, check_choice};
 use super::store::{self, Reservation};
 use super::{CreateRequest, State};
 use crate::events;
@@ -26,9 +26,6 @@ pub(super) fn not_found(id: &str) -> Error {
 }
 
 /// The placement policy of a pool.
-pub(super) fn placer_for(_pool: &Pool) -> Box<dyn Placer> {
-    Box::new(FirstFit)
-}
 
 /// The attributes IAM sees for a request.
 pub(super) fn attributes(request: &CreateRequest, r: &Reservation, region: &str) -> Attributes {
@@ -77,6 +74,7 @@ pub(super) async fn lock_pool(app: &App, conn: &mut AnyConnection, pool_id: &str
 /// it is `pending` with `Unschedulable` (retried every 30 s) or `Queued` (pool-lease).
 /// A pool-lease queue is served in order: nothing jumps an older queued reservation.
 pub(super) async fn try_place(
+    app: &App,
     conn: &mut AnyConnection,
     pool: &Pool,
     r: &mut Reservation,
@@ -94,19 +92,25 @@ pub(super) async fn try_place(
     }
     let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
     let (request, nodes, index) = snapshot.candidates(r);
-    let placer = placer_for(pool);
-    let choice = placer.place(&request, &nodes).and_then(|choice: Choice| {
-        check_choice(&request, &nodes, &choice)
-            .map_err(|e| format!("placer {} answered badly: {e}", placer.id()))?;
-        Ok(choice)
-    });
-    let choice = match choice {
-        Ok(choice) => choice,
-        Err(reason) => {
+    let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
+    // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.
+    let (choice, decided_by) = match tokio::task::block_in_place(|| placer.place(&request, &nodes))
+    {
+        Ok(decision) => decision,
+        Err(Refusal::Unschedulable(reason)) => {
             mark_pending(r, queued, reason, now);
             return Ok(false);
         }
+        Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
     };
+    if let Err(message) = check_choice(&request, &nodes, &choice) {
+        let kind = crate::policy::FailureKind::InvalidAnswer;
+        return Err(Error::PolicyFailed(crate::policy::Failure {
+            plugin_id: placer.id(),
+            kind,
+            message,
+        }));
+    }
     let (node_index, _) = index[choice.units[0] as usize];
     let node = &snapshot.nodes[node_index];
     let units: Vec<String> = choice
@@ -132,7 +136,7 @@ pub(super) async fn try_place(
     }
     r.node_id = Some(node.id.clone());
     r.unit_ids = units;
-    r.placed_by = Some(placer.id());
+    r.placed_by = Some(decided_by);
     r.next_attempt_ms = None;
     r.clear_condition("Unschedulable");
     r.clear_condition("Queued");
@@ -211,7 +215,7 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
     };
     lock_pool(app, &mut tx, &pool.id).await?;
     let before = r.conditions.clone();
-    let placed = try_place(&mut tx, &pool, &mut r, now).await?;
+    let placed = try_place(app, &mut tx, &pool, &mut r, now).await?;
     if !placed
         && r.conditions
             .iter()

@@ -16,130 +16,62 @@ use crate::node_reservations::may_place;
 use crate::node_reservations::queries::{Filter, load};
 use crate::store::{flag, placeholders};
 
-/// A unit offered to a placer. Strings are interned: `model` indexes the request's models.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CandidateUnit {
-    pub id: u32,
-    pub class: DeviceClass,
-    pub model: u32,
-    pub nvlink_domain: Option<u32>,
-    pub memory_gib: u32,
+pub use orl_placer_default::{
+    DeviceClass as PolicyClass, DeviceRequest as DeviceAsk, DomainLoad, Node as CandidateNode,
+    Placement as Choice, Request as PlacementRequest, Unit as CandidateUnit,
+};
+
+/// The device class of a unit as the policy interface spells it.
+pub fn policy_class(class: DeviceClass) -> PolicyClass {
+    match class {
+        DeviceClass::Gpu => PolicyClass::Gpu,
+        DeviceClass::GpuMig => PolicyClass::GpuMig,
+        DeviceClass::GpuSlot => PolicyClass::GpuSlot,
+        DeviceClass::NicVf => PolicyClass::NicVf,
+        DeviceClass::Disk => PolicyClass::Disk,
+        DeviceClass::Node => PolicyClass::Node,
+    }
 }
 
-/// How busy one NVLink domain of a node is over the window.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DomainLoad {
-    pub domain: u32,
-    pub busy: u32,
-    pub total: u32,
-}
-
-/// A node offered to a placer, with its free candidate units.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CandidateNode {
-    pub id: u32,
-    pub busy_units: u32,
-    pub total_units: u32,
-    pub domains: Vec<DomainLoad>,
-    pub free: Vec<CandidateUnit>,
-}
-
-/// One device entry as a placer sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceAsk {
-    pub class: DeviceClass,
-    pub count: u32,
-    pub model: Option<u32>,
-    pub nvlink_all: bool,
-}
-
-/// A request as a placer sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlacementRequest {
-    pub devices: Vec<DeviceAsk>,
-    pub spot: bool,
-    pub duration_seconds: u64,
-    pub models: Vec<String>,
-}
-
-/// A placer's answer: units of one node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Choice {
-    pub node: u32,
-    pub units: Vec<u32>,
+/// Why a placer did not place.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The request does not fit the candidates; it waits (`pending`).
+    Unschedulable(String),
+    /// The policy itself failed (trap, deadline, memory, or an invalid answer): the
+    /// decision fails and nothing is written.
+    Failed(crate::policy::Failure),
 }
 
 /// The seam every placement policy implements, natively or as a WebAssembly component.
 pub trait Placer: Send + Sync {
-    /// Who decides (recorded on every placement), e.g. `builtin:first-fit` or `sha256:…`.
+    /// The policy's id, e.g. `sha256:…`.
     fn id(&self) -> String;
-    /// Chooses units, or says why the request is unschedulable.
+    /// Chooses units, and names who decided (recorded on the placement); or says why not.
     fn place(
         &self,
         request: &PlacementRequest,
         nodes: &[CandidateNode],
-    ) -> std::result::Result<Choice, String>;
+    ) -> std::result::Result<(Choice, String), Refusal>;
 }
 
-/// The built-in placer: the first node (by id) that fits, NVLink domains honoured, lowest
-/// unit ids first.
-pub struct FirstFit;
+/// The default placement policy (NVLink-aware best fit) run natively: the fallback when a
+/// pool's plugin fails and `onPolicyFailure` is `fallback`, and the benchmark's baseline.
+pub struct NativeDefault;
 
-impl Placer for FirstFit {
+impl Placer for NativeDefault {
     fn id(&self) -> String {
-        "builtin:first-fit".into()
+        "native:placer-default".into()
     }
 
     fn place(
         &self,
         request: &PlacementRequest,
         nodes: &[CandidateNode],
-    ) -> std::result::Result<Choice, String> {
-        'nodes: for node in nodes {
-            let mut taken: HashSet<u32> = HashSet::new();
-            for ask in &request.devices {
-                let fits = |u: &&CandidateUnit| {
-                    u.class == ask.class
-                        && ask.model.is_none_or(|m| m == u.model)
-                        && !taken.contains(&u.id)
-                };
-                let chosen: Vec<u32> = if ask.nvlink_all {
-                    let mut by_domain: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-                    for u in node.free.iter().filter(fits) {
-                        if let Some(d) = u.nvlink_domain {
-                            by_domain.entry(d).or_default().push(u.id);
-                        }
-                    }
-                    match by_domain
-                        .into_values()
-                        .find(|units| units.len() >= ask.count as usize)
-                    {
-                        Some(units) => units.into_iter().take(ask.count as usize).collect(),
-                        None => continue 'nodes,
-                    }
-                } else {
-                    let units: Vec<u32> = node
-                        .free
-                        .iter()
-                        .filter(fits)
-                        .map(|u| u.id)
-                        .take(ask.count as usize)
-                        .collect();
-                    if units.len() < ask.count as usize {
-                        continue 'nodes;
-                    }
-                    units
-                };
-                taken.extend(chosen);
-            }
-            let mut units: Vec<u32> = taken.into_iter().collect();
-            units.sort_unstable();
-            return Ok(Choice {
-                node: node.id,
-                units,
-            });
-        }
-        Err("no node of the pool has the requested devices free over the window".into())
+    ) -> std::result::Result<(Choice, String), Refusal> {
+        orl_placer_default::place(request, nodes)
+            .map(|choice| (choice, self.id()))
+            .map_err(|u| Refusal::Unschedulable(u.into_reason()))
     }
 }
 
@@ -194,8 +126,7 @@ pub fn check_choice(
                 .ok_or_else(|| {
                     format!(
                         "no {} {} units in one NVLink domain among those chosen",
-                        ask.count,
-                        ask.class.as_str()
+                        ask.count, ask.class
                     )
                 })?
                 .into_iter()
@@ -205,7 +136,7 @@ pub fn check_choice(
             matching.into_iter().take(ask.count as usize).collect()
         };
         if pick.len() < ask.count as usize {
-            return Err(format!("too few {} units chosen", ask.class.as_str()));
+            return Err(format!("too few {} units chosen", ask.class));
         }
         let picked: HashSet<u32> = pick.iter().map(|u| u.id).collect();
         remaining.retain(|u| !picked.contains(&u.id));
@@ -318,7 +249,7 @@ impl Snapshot {
             .devices
             .iter()
             .map(|d| DeviceAsk {
-                class: d.class,
+                class: policy_class(d.class),
                 count: d.count as u32,
                 model: d
                     .selector
@@ -374,7 +305,7 @@ impl Snapshot {
                 if usable {
                     free.push(CandidateUnit {
                         id: index.len() as u32,
-                        class: unit.device_class,
+                        class: policy_class(unit.device_class),
                         model: intern(&unit.model, &mut models),
                         nvlink_domain: domain,
                         memory_gib: unit.memory_gib.clamp(0, i64::from(u32::MAX)) as u32,
@@ -428,7 +359,7 @@ mod tests {
     fn unit(id: u32, domain: u32) -> CandidateUnit {
         CandidateUnit {
             id,
-            class: DeviceClass::Gpu,
+            class: PolicyClass::Gpu,
             model: 0,
             nvlink_domain: Some(domain),
             memory_gib: 80,
@@ -448,7 +379,7 @@ mod tests {
     fn ask(count: u32, nvlink_all: bool) -> PlacementRequest {
         PlacementRequest {
             devices: vec![DeviceAsk {
-                class: DeviceClass::Gpu,
+                class: PolicyClass::Gpu,
                 count,
                 model: None,
                 nvlink_all,
@@ -460,26 +391,17 @@ mod tests {
     }
 
     #[test]
-    fn first_fit_honours_nvlink_all() {
+    fn the_native_default_keeps_nvlink_all_in_one_domain() {
         let nodes = vec![
             node(0, vec![unit(0, 0), unit(1, 1), unit(2, 1)]),
             node(1, vec![unit(3, 0), unit(4, 0)]),
         ];
-        assert_eq!(
-            FirstFit.place(&ask(2, true), &nodes),
-            Ok(Choice {
-                node: 0,
-                units: vec![1, 2]
-            })
-        );
-        assert_eq!(
-            FirstFit.place(&ask(3, false), &nodes),
-            Ok(Choice {
-                node: 0,
-                units: vec![0, 1, 2]
-            })
-        );
-        assert!(FirstFit.place(&ask(3, true), &nodes).is_err());
+        let (choice, _) = NativeDefault.place(&ask(2, true), &nodes).unwrap();
+        assert!(check_choice(&ask(2, true), &nodes, &choice).is_ok());
+        assert!(matches!(
+            NativeDefault.place(&ask(3, true), &nodes),
+            Err(Refusal::Unschedulable(_))
+        ));
     }
 
     #[test]

@@ -1,0 +1,110 @@
+//! Policy plugins and their assignment to pools.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use crate::api::error::ErrorEnvelope;
+use crate::api::extract::{Json, Path, Query, RawBody};
+use crate::iam::Principal;
+use crate::policy::assignment::{self, PoolPolicies};
+use crate::policy::registry::{self, MAX_PLUGIN_BYTES, Plugin};
+use crate::{App, Result};
+
+pub fn router() -> OpenApiRouter<Arc<App>> {
+    OpenApiRouter::new()
+        .routes(routes!(upload, list))
+        .layer(DefaultBodyLimit::max(MAX_PLUGIN_BYTES))
+        .routes(routes!(get_plugin, delete_plugin))
+        .routes(routes!(put_policies, get_policies))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct UploadQuery {
+    /// `^[A-Za-z0-9._:-]{1,128}$`
+    name: String,
+    /// At most 64 characters, e.g. `1.2.0`.
+    version: String,
+}
+
+/// Upload a WebAssembly component (the request body) implementing one of the worlds of
+/// `orl:policy@0.1.0`; it is validated before it is stored (platform operators).
+#[utoipa::path(post, path = "/v1/plugins", tag = "plugins", params(UploadQuery),
+    request_body(content = Vec<u8>, content_type = "application/wasm"),
+    responses((status = 201, body = Plugin), (status = 200, description = "Already stored", body = Plugin),
+              (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope), (status = 413, body = ErrorEnvelope)))]
+async fn upload(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Query(q): Query<UploadQuery>,
+    RawBody(body): RawBody,
+) -> Result<(StatusCode, Json<Plugin>)> {
+    let (plugin, created) =
+        registry::upload(&app, &caller, &q.name, &q.version, body.to_vec()).await?;
+    Ok((
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        Json(plugin),
+    ))
+}
+
+/// Every stored plugin, with the pools it is assigned to.
+#[utoipa::path(get, path = "/v1/plugins", tag = "plugins", responses((status = 200, body = Vec<Plugin>), (status = 404, body = ErrorEnvelope)))]
+async fn list(State(app): State<Arc<App>>, caller: Principal) -> Result<Json<Vec<Plugin>>> {
+    Ok(Json(registry::list(&app, &caller).await?))
+}
+
+/// One plugin.
+#[utoipa::path(get, path = "/v1/plugins/{id}", tag = "plugins", params(("id" = String, Path)),
+    responses((status = 200, body = Plugin), (status = 404, body = ErrorEnvelope)))]
+async fn get_plugin(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<Plugin>> {
+    Ok(Json(registry::get(&app, &caller, &id).await?))
+}
+
+/// Delete a plugin; refused while a pool uses it.
+#[utoipa::path(delete, path = "/v1/plugins/{id}", tag = "plugins", params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+async fn delete_plugin(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    registry::delete(&app, &caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Assign plugins to a pool, atomically; decisions already running finish on the plugin
+/// they started with.
+#[utoipa::path(put, path = "/v1/pools/{poolId}/policies", tag = "plugins", params(("poolId" = String, Path)), request_body = PoolPolicies,
+    responses((status = 200, body = PoolPolicies), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
+async fn put_policies(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Path(pool_id): Path<String>,
+    Json(body): Json<PoolPolicies>,
+) -> Result<Json<PoolPolicies>> {
+    Ok(Json(assignment::put(&app, &caller, &pool_id, body).await?))
+}
+
+/// The plugins a pool runs (absent: the built-in defaults).
+#[utoipa::path(get, path = "/v1/pools/{poolId}/policies", tag = "plugins", params(("poolId" = String, Path)),
+    responses((status = 200, body = PoolPolicies), (status = 404, body = ErrorEnvelope)))]
+async fn get_policies(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Path(pool_id): Path<String>,
+) -> Result<Json<PoolPolicies>> {
+    Ok(Json(assignment::get(&app, &caller, &pool_id).await?))
+}

@@ -1,0 +1,398 @@
+//! Policies as WebAssembly: the sandboxed runtime that runs placement, preemption and
+//! spend-limit components, the registry operators upload them to, and their assignment to
+//! pools.
+//!
+//! One [`wasmtime::Engine`] with the pooling allocator and epoch interruption; components
+//! compiled once, cached by content hash in memory and (precompiled) on disk; a fresh
+//! instance per decision from an `InstancePre`; an epoch deadline per call and a cap on the
+//! total linear memory of each instance. A plugin sees WASI with no environment, no
+//! arguments, no stdio, no network, and only its read-only config directory at `/config`,
+//! plus the host's `log`. Whatever a plugin does, it fails only its own decision.
+
+pub mod assignment;
+mod bindings;
+pub mod placer;
+pub mod registry;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+
+/// Default time a decision may take.
+pub const DEFAULT_DEADLINE_MS: u64 = 50;
+/// Default cap on all linear memory of one plugin instance.
+pub const DEFAULT_MEMORY_BYTES: usize = 64 << 20;
+/// The epoch advances this often; deadlines are counted in it.
+const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// The worlds a plugin may implement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum World {
+    Placer,
+    Preemptor,
+    SpendGuard,
+}
+
+impl World {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            World::Placer => "placer",
+            World::Preemptor => "preemptor",
+            World::SpendGuard => "spend-guard",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<World> {
+        [World::Placer, World::Preemptor, World::SpendGuard]
+            .into_iter()
+            .find(|w| w.as_str() == s)
+    }
+}
+
+/// How a decision failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureKind {
+    Trap,
+    Deadline,
+    Memory,
+    InvalidAnswer,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Trap => "trap",
+            FailureKind::Deadline => "deadline",
+            FailureKind::Memory => "memory",
+            FailureKind::InvalidAnswer => "invalid-answer",
+        }
+    }
+}
+
+/// A policy decision that failed: which plugin, how, and what it said.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    pub plugin_id: String,
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+/// What a running instance may use, and what it did.
+pub struct PluginState {
+    plugin_id: String,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: MemoryCap,
+}
+
+impl WasiView for PluginState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Caps the total of all linear memories of one instance: every creation and growth of
+/// any of its memories counts against one budget (a per-memory cap would let a component
+/// with several memories exceed it).
+struct MemoryCap {
+    limit: usize,
+    total: usize,
+    hit: bool,
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let total = self.total + desired.saturating_sub(current);
+        if total > self.limit {
+            self.hit = true;
+            return Ok(false);
+        }
+        self.total = total;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// A compiled plugin, ready to instantiate.
+pub struct Loaded {
+    pub id: String,
+    pub world: World,
+    pre: InstancePre<PluginState>,
+}
+
+/// The runtime: engine, linker, and the compiled plugins.
+pub struct PolicyHost {
+    engine: Engine,
+    linker: Linker<PluginState>,
+    loaded: Mutex<HashMap<String, Arc<Loaded>>>,
+    cache_dir: PathBuf,
+    config_root: PathBuf,
+    default_placer: std::sync::OnceLock<Arc<Loaded>>,
+}
+
+/// The default policies, built from `plugins/` for wasm32-wasip2 by the build script.
+pub const DEFAULT_PLACER_WASM: &[u8] = include_bytes!(env!("ORL_PLACER_DEFAULT_WASM"));
+
+/// `sha256:<hex>` of a component's bytes: its id.
+pub fn content_id(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+impl PolicyHost {
+    /// Starts the engine (and its epoch ticker) and loads the built-in default policies.
+    /// Precompiled artifacts go to `data_dir/plugins`, per-plugin config to
+    /// `data_dir/plugin-config/<hash>`.
+    pub fn new(data_dir: &Path) -> anyhow::Result<Arc<PolicyHost>> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        let mut pooling = PoolingAllocationConfig::default();
+        pooling.total_component_instances(256);
+        pooling.total_core_instances(512);
+        pooling.total_memories(512);
+        pooling.total_tables(512);
+        pooling.max_memory_size(DEFAULT_MEMORY_BYTES.max(256 << 20));
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
+        let engine = Engine::new(&config)
+            .map_err(|e| anyhow::Error::from(e).context("starting the WebAssembly engine"))?;
+        let ticker = engine.weak();
+        std::thread::Builder::new()
+            .name("orl-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = ticker.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })
+            .context("starting the epoch ticker")?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| anyhow::Error::from(e).context("linking WASI"))?;
+        bindings::placer::orl::policy::log::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| anyhow::Error::from(e).context("linking log"))?;
+        let cache_dir = data_dir.join("plugins");
+        let config_root = data_dir.join("plugin-config");
+        std::fs::create_dir_all(&cache_dir)
+            .with_context(|| format!("creating {}", cache_dir.display()))?;
+        std::fs::create_dir_all(&config_root)
+            .with_context(|| format!("creating {}", config_root.display()))?;
+        let host = PolicyHost {
+            engine,
+            linker,
+            loaded: Mutex::new(HashMap::new()),
+            cache_dir,
+            config_root,
+            default_placer: std::sync::OnceLock::new(),
+        };
+        let default_placer = host
+            .load(DEFAULT_PLACER_WASM)
+            .map_err(|e| anyhow::anyhow!("the built-in placer: {}", e.message))?;
+        let _ = host.default_placer.set(default_placer);
+        Ok(Arc::new(host))
+    }
+
+    /// The default placement component shipped inside the binary.
+    pub fn default_placer(&self) -> Arc<Loaded> {
+        self.default_placer.get().expect("loaded at start").clone()
+    }
+
+    /// Compiles (or fetches from the caches) the component `bytes` and checks it implements
+    /// one world with no import outside it. The error says what is wrong.
+    pub fn load(&self, bytes: &[u8]) -> Result<Arc<Loaded>, Failure> {
+        let id = content_id(bytes);
+        if let Some(loaded) = self.loaded.lock().expect("plugin cache").get(&id) {
+            return Ok(loaded.clone());
+        }
+        let refuse = |message: String| Failure {
+            plugin_id: id.clone(),
+            kind: FailureKind::InvalidAnswer,
+            message,
+        };
+        let component = self
+            .compile(&id, bytes)
+            .map_err(|e| refuse(format!("not a WebAssembly component: {e:#}")))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            refuse(format!("the component needs imports a plugin may not use (only WASI without network and orl:policy/log): {e:#}"))
+        })?;
+        let world = if bindings::placer::PlacerPre::new(pre.clone()).is_ok() {
+            World::Placer
+        } else if bindings::preemptor::PreemptorPre::new(pre.clone()).is_ok() {
+            World::Preemptor
+        } else if bindings::spend_guard::SpendGuardPre::new(pre.clone()).is_ok() {
+            World::SpendGuard
+        } else {
+            return Err(refuse("the component exports none of the worlds placer, preemptor or spend-guard of orl:policy@0.1.0".into()));
+        };
+        let loaded = Arc::new(Loaded {
+            id: id.clone(),
+            world,
+            pre,
+        });
+        self.loaded
+            .lock()
+            .expect("plugin cache")
+            .insert(id, loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Compiles once per content hash: a precompiled artifact on disk is reused across
+    /// restarts; otherwise Cranelift compiles and the artifact is saved.
+    fn compile(&self, id: &str, bytes: &[u8]) -> anyhow::Result<Component> {
+        let path = self
+            .cache_dir
+            .join(format!("{}.cwasm", id.trim_start_matches("sha256:")));
+        if path.exists() {
+            match deserialize(&self.engine, &path) {
+                Ok(component) => return Ok(component),
+                Err(err) => {
+                    tracing::warn!(error = %err, path = %path.display(), "recompiling a stale precompiled plugin")
+                }
+            }
+        }
+        let artifact = self.engine.precompile_component(bytes)?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, &artifact)?;
+        std::fs::rename(&tmp, &path)?;
+        deserialize(&self.engine, &path)
+    }
+
+    /// The per-plugin config directory (created empty when missing).
+    pub fn config_dir(&self, plugin_id: &str) -> PathBuf {
+        self.config_root
+            .join(plugin_id.trim_start_matches("sha256:"))
+    }
+
+    /// A store for one decision: no environment, no stdio, no network, the plugin's config
+    /// directory read-only at `/config`, the memory cap and the deadline.
+    fn store(
+        &self,
+        loaded: &Loaded,
+        config: Option<&serde_json::Value>,
+        deadline_ms: u64,
+        memory_bytes: usize,
+    ) -> anyhow::Result<Store<PluginState>> {
+        let mut wasi = WasiCtx::builder();
+        wasi.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        let dir = self.config_dir(&loaded.id);
+        std::fs::create_dir_all(&dir)?;
+        if let Some(config) = config {
+            let path = dir.join("config.json");
+            let text = serde_json::to_string_pretty(config)?;
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                std::fs::write(&path, text)?;
+            }
+        }
+        wasi.preopened_dir(&dir, "/config", FsPerms::ReadOnly)?;
+        let state = PluginState {
+            plugin_id: loaded.id.clone(),
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits: MemoryCap {
+                limit: memory_bytes,
+                total: 0,
+                hit: false,
+            },
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(deadline_ms.max(1));
+        store.epoch_deadline_trap();
+        Ok(store)
+    }
+
+    /// Runs the placer `loaded` on a fresh instance.
+    pub fn place(
+        &self,
+        loaded: &Loaded,
+        request: &orl_placer_default::Request,
+        nodes: &[orl_placer_default::Node],
+        config: Option<&serde_json::Value>,
+        deadline_ms: u64,
+    ) -> Result<Result<orl_placer_default::Placement, String>, Failure> {
+        let fail = |kind, message: String| Failure {
+            plugin_id: loaded.id.clone(),
+            kind,
+            message,
+        };
+        let mut store = self
+            .store(loaded, config, deadline_ms, DEFAULT_MEMORY_BYTES)
+            .map_err(|e| fail(FailureKind::Trap, format!("preparing the instance: {e:#}")))?;
+        let pre = bindings::placer::PlacerPre::new(loaded.pre.clone())
+            .map_err(|e| fail(FailureKind::InvalidAnswer, format!("not a placer: {e:#}")))?;
+        let outcome = pre.instantiate(&mut store).and_then(|placer| {
+            let (req, nodes) = placer::to_wit(request, nodes);
+            placer.call_place(&mut store, &req, &nodes)
+        });
+        match outcome {
+            Ok(answer) => Ok(answer.map(|p| orl_placer_default::Placement {
+                node: p.node,
+                units: p.units,
+            })),
+            Err(err) => {
+                let kind = if store.data().limits.hit {
+                    FailureKind::Memory
+                } else if matches!(
+                    err.downcast_ref::<wasmtime::Trap>(),
+                    Some(wasmtime::Trap::Interrupt)
+                ) {
+                    FailureKind::Deadline
+                } else {
+                    FailureKind::Trap
+                };
+                let message = match kind {
+                    FailureKind::Deadline => format!("did not answer within {deadline_ms} ms"),
+                    FailureKind::Memory => format!(
+                        "exceeded its memory cap of {} MiB",
+                        DEFAULT_MEMORY_BYTES >> 20
+                    ),
+                    _ => format!("{err:#}").chars().take(500).collect(),
+                };
+                Err(fail(kind, message))
+            }
+        }
+    }
+}
+
+/// Loads a precompiled component this process's engine wrote.
+#[allow(unsafe_code)]
+fn deserialize(engine: &Engine, path: &Path) -> anyhow::Result<Component> {
+    // SAFETY: the file is an artifact of `Engine::precompile_component`, written by this
+    // server into its own data directory; wasmtime also refuses artifacts of another
+    // engine version or configuration.
+    Ok(unsafe { Component::deserialize_file(engine, path) }?)
+}

@@ -1,0 +1,207 @@
+//! Which plugins a pool runs, and with what deadline, config and failure behaviour. A
+//! change is one row write: decisions already running keep the plugin they started with.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sqlx::{AnyConnection, Row as _};
+
+use super::placer::WasmPlacer;
+use super::{DEFAULT_DEADLINE_MS, World, registry};
+use crate::App;
+use crate::audit::{self, Entry};
+use crate::booking::placement::Placer;
+use crate::clock::format_ms;
+use crate::iam::{Permission, Principal};
+use crate::pools::store::Pool;
+use crate::store::to_json;
+use crate::{Error, Result};
+
+/// What a pool does when its plugin fails a decision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnPolicyFailure {
+    /// The decision fails with `POLICY_FAILED`.
+    #[default]
+    Fail,
+    /// The built-in default policy decides instead.
+    Fallback,
+}
+
+/// `PUT /v1/pools/{poolId}/policies` body; also the answer. Absent plugins run the
+/// built-in defaults.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PoolPolicies {
+    /// Plugin id (`sha256:…`) of a `placer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+    /// Plugin id of a `preemptor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<String>,
+    /// Plugin id of a `spend-guard`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend_limit: Option<String>,
+    /// JSON the plugins read from `/config/config.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Value>,
+    /// Time a decision may take, 1-10000 ms (default 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<i64>,
+    #[serde(default)]
+    pub on_policy_failure: OnPolicyFailure,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<String>,
+}
+
+/// The pool's policies (defaults when none were assigned).
+pub async fn find(conn: &mut AnyConnection, pool_id: &str) -> Result<PoolPolicies> {
+    let row = sqlx::query(
+        "SELECT placement, preemption, spend_limit, config, deadline_ms, on_policy_failure, updated_at
+         FROM pool_policies WHERE pool_id = $1",
+    )
+    .bind(pool_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(match row {
+        None => PoolPolicies::default(),
+        Some(r) => PoolPolicies {
+            placement: r.get("placement"),
+            preemption: r.get("preemption"),
+            spend_limit: r.get("spend_limit"),
+            config: r
+                .get::<Option<String>, _>("config")
+                .and_then(|c| serde_json::from_str(&c).ok()),
+            deadline_ms: r.get("deadline_ms"),
+            on_policy_failure: if r.get::<String, _>("on_policy_failure") == "fallback" {
+                OnPolicyFailure::Fallback
+            } else {
+                OnPolicyFailure::Fail
+            },
+            updated_at: Some(format_ms(r.get("updated_at"))),
+        },
+    })
+}
+
+async fn managed_pool(conn: &mut AnyConnection, caller: &Principal, pool_id: &str) -> Result<Pool> {
+    match crate::pools::store::find(conn, pool_id).await? {
+        Some(pool)
+            if caller.has(Permission::PoolsManage) && caller.acts_for(&pool.owner_org_id) =>
+        {
+            Ok(pool)
+        }
+        _ => Err(Error::not_found(format_args!("pool {pool_id}"))),
+    }
+}
+
+/// Assigns plugins to a pool, atomically.
+pub async fn put(
+    app: &App,
+    caller: &Principal,
+    pool_id: &str,
+    body: PoolPolicies,
+) -> Result<PoolPolicies> {
+    if let Some(deadline) = body.deadline_ms {
+        crate::validation::range("deadlineMs", deadline, 1, 10_000)?;
+    }
+    if body
+        .config
+        .as_ref()
+        .is_some_and(|c| to_json(c).len() > 64 * 1024)
+    {
+        return Err(Error::invalid("config", "at most 64 KiB of JSON"));
+    }
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let pool = managed_pool(&mut tx, caller, pool_id).await?;
+    for (field, id, world) in [
+        ("placement", &body.placement, World::Placer),
+        ("preemption", &body.preemption, World::Preemptor),
+        ("spendLimit", &body.spend_limit, World::SpendGuard),
+    ] {
+        let Some(id) = id else { continue };
+        match registry::find(&mut tx, id).await? {
+            None => return Err(Error::invalid(field, format!("unknown plugin {id}"))),
+            Some(plugin) if plugin.world != world => {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "plugin {id} implements {}, not {}",
+                        plugin.world.as_str(),
+                        world.as_str()
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    sqlx::query("DELETE FROM pool_policies WHERE pool_id = $1")
+        .bind(pool_id)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO pool_policies (pool_id, placement, preemption, spend_limit, config, deadline_ms, on_policy_failure, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(pool_id)
+    .bind(&body.placement)
+    .bind(&body.preemption)
+    .bind(&body.spend_limit)
+    .bind(body.config.as_ref().map(to_json))
+    .bind(body.deadline_ms)
+    .bind(if body.on_policy_failure == OnPolicyFailure::Fallback { "fallback" } else { "fail" })
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    let entry = Entry {
+        org_id: &pool.owner_org_id,
+        action: "pool.assign-policies",
+        object_type: "pool",
+        object_id: pool_id,
+        reason: None,
+        details: Some(json!(body)),
+    };
+    audit::record(&mut tx, caller, entry, now).await?;
+    let stored = find(&mut tx, pool_id).await?;
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// The pool's policies, for those who manage or see the pool.
+pub async fn get(app: &App, caller: &Principal, pool_id: &str) -> Result<PoolPolicies> {
+    crate::pools::store::get(app, caller, pool_id).await?;
+    let mut conn = app.store.pool().acquire().await?;
+    find(&mut conn, pool_id).await
+}
+
+/// The placer a decision for `pool` runs: its assigned plugin, or the built-in default
+/// component. Resolved once per decision.
+pub async fn placer_for(
+    app: &App,
+    conn: &mut AnyConnection,
+    pool: &Pool,
+) -> Result<Box<dyn Placer>> {
+    let policies = find(conn, &pool.id).await?;
+    let loaded = match &policies.placement {
+        None => app.policy.default_placer(),
+        Some(id) => {
+            let bytes = registry::bytes(conn, id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("assigned plugin {id} is missing"))?;
+            let host = app.policy.clone();
+            tokio::task::spawn_blocking(move || host.load(&bytes))
+                .await
+                .map_err(|e| anyhow::anyhow!("loading a plugin: {e}"))?
+                .map_err(Error::PolicyFailed)?
+        }
+    };
+    Ok(Box::new(WasmPlacer {
+        host: app.policy.clone(),
+        loaded,
+        config: policies.config,
+        deadline_ms: policies
+            .deadline_ms
+            .map_or(DEFAULT_DEADLINE_MS, |d| d as u64),
+        fallback: policies.on_policy_failure == OnPolicyFailure::Fallback,
+        metrics: app.metrics.clone(),
+    }))
+}

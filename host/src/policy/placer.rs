@@ -1,0 +1,150 @@
+//! Placement through a WebAssembly component: the [`Placer`] seam implemented by running a
+//! plugin on a fresh instance, with its answer checked before the host trusts it.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::bindings::placer::orl::policy::types as wit;
+use super::{Failure, FailureKind, Loaded, PolicyHost};
+use crate::booking::placement::{
+    CandidateNode, Choice, NativeDefault, PlacementRequest, Placer, PolicyClass, Refusal,
+    check_choice,
+};
+use crate::metrics::Metrics;
+
+/// A pool's placement plugin, as resolved when a decision starts: a swap of the pool's
+/// assignment does not affect a decision already holding this.
+pub struct WasmPlacer {
+    pub host: Arc<PolicyHost>,
+    pub loaded: Arc<Loaded>,
+    pub config: Option<Value>,
+    pub deadline_ms: u64,
+    /// On a plugin failure, decide with the built-in default instead of failing.
+    pub fallback: bool,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Placer for WasmPlacer {
+    fn id(&self) -> String {
+        self.loaded.id.clone()
+    }
+
+    fn place(
+        &self,
+        request: &PlacementRequest,
+        nodes: &[CandidateNode],
+    ) -> Result<(Choice, String), Refusal> {
+        let outcome = self
+            .host
+            .place(
+                &self.loaded,
+                request,
+                nodes,
+                self.config.as_ref(),
+                self.deadline_ms,
+            )
+            .and_then(|answer| match answer {
+                Ok(choice) => check_choice(request, nodes, &choice)
+                    .map(|()| Ok(choice))
+                    .map_err(|message| Failure {
+                        plugin_id: self.loaded.id.clone(),
+                        kind: FailureKind::InvalidAnswer,
+                        message,
+                    }),
+                Err(reason) => Ok(Err(reason)),
+            });
+        match outcome {
+            Ok(Ok(choice)) => {
+                self.metrics
+                    .observe_decision(&self.loaded.id, "placer", "placed");
+                Ok((choice, self.loaded.id.clone()))
+            }
+            Ok(Err(reason)) => {
+                self.metrics
+                    .observe_decision(&self.loaded.id, "placer", "unschedulable");
+                Err(Refusal::Unschedulable(reason.chars().take(500).collect()))
+            }
+            Err(failure) => {
+                self.metrics
+                    .observe_decision(&self.loaded.id, "placer", failure.kind.as_str());
+                tracing::warn!(plugin = %failure.plugin_id, kind = failure.kind.as_str(), message = %failure.message, "placement plugin failed");
+                if self.fallback {
+                    let (choice, native) = NativeDefault.place(request, nodes)?;
+                    Ok((
+                        choice,
+                        format!(
+                            "{native} (fallback: {} failed with {})",
+                            failure.plugin_id,
+                            failure.kind.as_str()
+                        ),
+                    ))
+                } else {
+                    Err(Refusal::Failed(failure))
+                }
+            }
+        }
+    }
+}
+
+fn class(class: PolicyClass) -> wit::DeviceClass {
+    match class {
+        PolicyClass::Gpu => wit::DeviceClass::Gpu,
+        PolicyClass::GpuMig => wit::DeviceClass::GpuMig,
+        PolicyClass::GpuSlot => wit::DeviceClass::GpuSlot,
+        PolicyClass::NicVf => wit::DeviceClass::NicVf,
+        PolicyClass::Disk => wit::DeviceClass::Disk,
+        PolicyClass::Node => wit::DeviceClass::Node,
+    }
+}
+
+/// The records of one call, as the component takes them.
+pub(super) fn to_wit(
+    request: &PlacementRequest,
+    nodes: &[CandidateNode],
+) -> (wit::Request, Vec<wit::Node>) {
+    let request = wit::Request {
+        devices: request
+            .devices
+            .iter()
+            .map(|d| wit::DeviceRequest {
+                class: class(d.class),
+                count: d.count,
+                model: d.model,
+                nvlink_all: d.nvlink_all,
+            })
+            .collect(),
+        spot: request.spot,
+        duration_seconds: request.duration_seconds,
+        models: request.models.clone(),
+    };
+    let nodes = nodes
+        .iter()
+        .map(|n| wit::Node {
+            id: n.id,
+            busy_units: n.busy_units,
+            total_units: n.total_units,
+            domains: n
+                .domains
+                .iter()
+                .map(|d| wit::DomainLoad {
+                    domain: d.domain,
+                    busy: d.busy,
+                    total: d.total,
+                })
+                .collect(),
+            free: n
+                .free
+                .iter()
+                .map(|u| wit::Unit {
+                    id: u.id,
+                    class: class(u.class),
+                    model: u.model,
+                    nvlink_domain: u.nvlink_domain,
+                    memory_gib: u.memory_gib,
+                })
+                .collect(),
+        })
+        .collect();
+    (request, nodes)
+}

@@ -1,0 +1,200 @@
+//! The plugin registry: components uploaded by operators, stored by content hash in the
+//! database (so every replica can load them), validated against the worlds before they are
+//! accepted.
+
+use serde::Serialize;
+use serde_json::json;
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row as _};
+
+use super::World;
+use crate::App;
+use crate::audit::{self, Entry};
+use crate::clock::format_ms;
+use crate::iam::{OPS_ORG, Permission, Principal};
+use crate::validation;
+use crate::{Error, Result};
+
+/// Largest component accepted (an interpreted-language component is tens of MB).
+pub const MAX_PLUGIN_BYTES: usize = 64 << 20;
+
+/// A stored plugin.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Plugin {
+    /// `sha256:<hex>` of the component.
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    pub world: World,
+    pub size: i64,
+    pub created_at: String,
+    /// Pools whose policies name it.
+    pub assigned_to: Vec<String>,
+}
+
+fn may_read(caller: &Principal) -> bool {
+    caller.has(Permission::PluginsManage) || caller.has(Permission::PoolsManage)
+}
+
+/// Validates and stores a component (platform operators). Uploading the same bytes again
+/// returns the stored plugin; `created` says which.
+pub async fn upload(
+    app: &App,
+    caller: &Principal,
+    name: &str,
+    version: &str,
+    bytes: Vec<u8>,
+) -> Result<(Plugin, bool)> {
+    caller.require_ops(Permission::PluginsManage, "route")?;
+    validation::id("name", name)?;
+    validation::text("version", version, 64)?;
+    if version.trim().is_empty() {
+        return Err(Error::invalid("version", "must not be empty"));
+    }
+    if bytes.is_empty() {
+        return Err(Error::invalid(
+            "body",
+            "send the component's bytes as the request body",
+        ));
+    }
+    let host = app.policy.clone();
+    let checked =
+        tokio::task::spawn_blocking(move || host.load(&bytes).map(|loaded| (loaded, bytes)))
+            .await
+            .map_err(|e| anyhow::anyhow!("compiling the component: {e}"))?;
+    let (loaded, bytes) = checked.map_err(|failure| Error::invalid("body", failure.message))?;
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    if let Some(existing) = find(&mut tx, &loaded.id).await? {
+        return Ok((existing, false));
+    }
+    sqlx::query(
+        "INSERT INTO plugins (id, name, version, world, size, bytes, created_by, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(&loaded.id)
+    .bind(name)
+    .bind(version)
+    .bind(loaded.world.as_str())
+    .bind(bytes.len() as i64)
+    .bind(bytes)
+    .bind(&caller.key_id)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    let entry = Entry {
+        org_id: OPS_ORG,
+        action: "plugin.upload",
+        object_type: "plugin",
+        object_id: &loaded.id,
+        reason: None,
+        details: Some(json!({ "name": name, "version": version, "world": loaded.world })),
+    };
+    audit::record(&mut tx, caller, entry, now).await?;
+    let plugin = find(&mut tx, &loaded.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("plugin vanished"))?;
+    tx.commit().await?;
+    Ok((plugin, true))
+}
+
+const COLUMNS: &str = "id, name, version, world, size, created_at";
+
+async fn from_row(conn: &mut AnyConnection, r: &AnyRow) -> Result<Plugin> {
+    let id: String = r.get("id");
+    let world: String = r.get("world");
+    let assigned_to = sqlx::query_scalar(
+        "SELECT pool_id FROM pool_policies WHERE placement = $1 OR preemption = $1 OR spend_limit = $1 ORDER BY pool_id",
+    )
+    .bind(&id)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Plugin {
+        world: World::parse(&world).ok_or_else(|| anyhow::anyhow!("stored world {world:?}"))?,
+        id,
+        name: r.get("name"),
+        version: r.get("version"),
+        size: r.get("size"),
+        created_at: format_ms(r.get("created_at")),
+        assigned_to,
+    })
+}
+
+/// The plugin with `id`, whoever asks.
+pub async fn find(conn: &mut AnyConnection, id: &str) -> Result<Option<Plugin>> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM plugins WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match row {
+        Some(row) => Ok(Some(from_row(conn, &row).await?)),
+        None => Ok(None),
+    }
+}
+
+/// The component bytes of a stored plugin.
+pub async fn bytes(conn: &mut AnyConnection, id: &str) -> Result<Option<Vec<u8>>> {
+    Ok(
+        sqlx::query_scalar("SELECT bytes FROM plugins WHERE id = $1")
+            .bind(id)
+            .fetch_optional(conn)
+            .await?,
+    )
+}
+
+pub async fn list(app: &App, caller: &Principal) -> Result<Vec<Plugin>> {
+    if !may_read(caller) {
+        return Err(Error::NotFound("plugins not found".into()));
+    }
+    let mut conn = app.store.pool().acquire().await?;
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM plugins ORDER BY created_at, id"
+    ))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut plugins = Vec::with_capacity(rows.len());
+    for row in &rows {
+        plugins.push(from_row(&mut conn, row).await?);
+    }
+    Ok(plugins)
+}
+
+pub async fn get(app: &App, caller: &Principal, id: &str) -> Result<Plugin> {
+    let mut conn = app.store.pool().acquire().await?;
+    match find(&mut conn, id).await? {
+        Some(plugin) if may_read(caller) => Ok(plugin),
+        _ => Err(Error::not_found(format_args!("plugin {id}"))),
+    }
+}
+
+/// Deletes a plugin; refused while any pool's policies name it.
+pub async fn delete(app: &App, caller: &Principal, id: &str) -> Result<()> {
+    caller.require_ops(Permission::PluginsManage, format_args!("plugin {id}"))?;
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let plugin = find(&mut tx, id)
+        .await?
+        .ok_or_else(|| Error::not_found(format_args!("plugin {id}")))?;
+    if !plugin.assigned_to.is_empty() {
+        return Err(Error::conflict(
+            format!("plugin {id} is assigned to pools; assign another policy first"),
+            Some(json!({ "pools": plugin.assigned_to })),
+        ));
+    }
+    sqlx::query("DELETE FROM plugins WHERE id = $1")
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    let entry = Entry {
+        org_id: OPS_ORG,
+        action: "plugin.delete",
+        object_type: "plugin",
+        object_id: id,
+        reason: None,
+        details: None,
+    };
+    audit::record(&mut tx, caller, entry, now).await?;
+    tx.commit().await?;
+    Ok(())
+}

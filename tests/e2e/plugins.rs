@@ -1,0 +1,311 @@
+//! Policies as WebAssembly: components built from source, uploaded over HTTP, assigned to
+//! pools; hostile ones fail only their own decision.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::{Api, Db, Server, assert_error, component, on_both_databases, register_node};
+
+struct World {
+    server: Server,
+    tenant: Api,
+    pool: String,
+    other_pool: String,
+}
+
+async fn world(db: Db) -> World {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    for n in 1..=3 {
+        register_node(&provider, "acme", &format!("n{n}"), 8).await;
+    }
+    let tenant = server.org_with_key("tenant-a", "member").await;
+    let mut pools = Vec::new();
+    for nodes in [json!(["n1", "n2"]), json!(["n3"])] {
+        let (status, pool) = server
+            .admin()
+            .post(
+                "/v1/pools",
+                json!({ "name": "p", "ownerOrgId": "acme", "nodeIds": nodes }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{pool}");
+        let id = pool["id"].as_str().unwrap().to_string();
+        server
+            .admin()
+            .post(
+                &format!("/v1/pools/{id}/offers"),
+                json!({ "tenantId": "tenant-a", "quota": { "gpu": 64 } }),
+            )
+            .await;
+        pools.push(id);
+    }
+    World {
+        server,
+        tenant,
+        pool: pools[0].clone(),
+        other_pool: pools[1].clone(),
+    }
+}
+
+impl World {
+    async fn upload(&self, file: &str) -> Value {
+        let bytes = std::fs::read(component(file)).unwrap();
+        let (status, plugin) = self
+            .server
+            .admin()
+            .raw(
+                Method::POST,
+                &format!(
+                    "/v1/plugins?name={}&version=1.0.0",
+                    file.trim_end_matches(".wasm").replace('_', "-")
+                ),
+                Some(bytes),
+                Some("application/wasm"),
+            )
+            .await;
+        assert!(
+            status == StatusCode::CREATED || status == StatusCode::OK,
+            "{status} {plugin}"
+        );
+        plugin
+    }
+
+    async fn assign(&self, pool: &str, body: Value) {
+        let (status, answer) = self
+            .server
+            .admin()
+            .put(&format!("/v1/pools/{pool}/policies"), body)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+
+    async fn create(&self, pool: &str, key: &str, gpus: i64) -> (StatusCode, Value) {
+        let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [{ "class": "gpu", "count": gpus }], "duration": "2h", "idempotencyKey": key });
+        self.tenant
+            .post("/api/compute/reservations/create", body)
+            .await
+    }
+
+    async fn node_of(&self, pool: &str, key: &str) -> String {
+        let (status, r) = self.create(pool, key, 1).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        r["placement"]["nodeId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not placed: {r}"))
+            .to_string()
+    }
+}
+
+on_both_databases!(
+    an_uploaded_placer_changes_where_reservations_go,
+    uploads_that_are_not_plugins_are_refused_and_plugins_in_use_stay,
+    hostile_plugins_fail_only_their_own_decision,
+    plugins_cannot_reach_files_environment_or_network_but_read_their_config,
+    a_pool_may_fall_back_to_the_default_when_its_plugin_fails,
+);
+
+async fn an_uploaded_placer_changes_where_reservations_go(db: Db) {
+    let w = world(db).await;
+    // The default packs single GPUs onto the node already in use.
+    let first = w.node_of(&w.pool, "d-1").await;
+    assert_eq!(w.node_of(&w.pool, "d-2").await, first);
+    let spread = w.upload("orl_placer_spread.wasm").await;
+    assert_eq!(spread["world"], "placer");
+    assert!(spread["id"].as_str().unwrap().starts_with("sha256:"));
+    w.assign(&w.pool, json!({ "placement": spread["id"] }))
+        .await;
+    // Spread takes the emptier node.
+    let (_, placed) = w.create(&w.pool, "s-1", 1).await;
+    assert_ne!(placed["placement"]["nodeId"], json!(first), "{placed}");
+    assert_eq!(
+        placed["placement"]["placedBy"], spread["id"],
+        "the decision records the plugin that made it"
+    );
+    let (_, listed) = w.server.admin().get("/v1/plugins").await;
+    assert_eq!(listed[0]["assignedTo"], json!([w.pool]));
+    let (_, again) = w
+        .server
+        .admin()
+        .raw(
+            Method::POST,
+            "/v1/plugins?name=spread&version=1.0.0",
+            Some(std::fs::read(component("orl_placer_spread.wasm")).unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(
+        again["id"], spread["id"],
+        "the same bytes are the same plugin"
+    );
+}
+
+async fn uploads_that_are_not_plugins_are_refused_and_plugins_in_use_stay(db: Db) {
+    let w = world(db).await;
+    let admin = w.server.admin();
+    for body in [
+        b"definitely not wasm".to_vec(),
+        b"\0asm\x01\0\0\0".to_vec(),
+        Vec::new(),
+    ] {
+        let (status, err) = admin
+            .raw(
+                Method::POST,
+                "/v1/plugins?name=x&version=1",
+                Some(body),
+                None,
+            )
+            .await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    }
+    let (status, err) = admin
+        .raw(
+            Method::POST,
+            "/v1/plugins?name=bad%20name&version=1",
+            Some(b"x".to_vec()),
+            None,
+        )
+        .await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let (status, err) = w
+        .tenant
+        .raw(
+            Method::POST,
+            "/v1/plugins?name=x&version=1",
+            Some(b"x".to_vec()),
+            None,
+        )
+        .await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    assert_eq!(
+        admin.get("/v1/plugins").await.1,
+        json!([]),
+        "nothing stored"
+    );
+
+    let trap = w.upload("trap.wasm").await;
+    let (status, err) = admin
+        .put(
+            &format!("/v1/pools/{}/policies", w.pool),
+            json!({ "preemption": trap["id"] }),
+        )
+        .await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    w.assign(&w.pool, json!({ "placement": trap["id"] })).await;
+    let path = format!("/v1/plugins/{}", trap["id"].as_str().unwrap());
+    let (status, err) = admin.delete(&path).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "CONFLICT");
+    w.assign(&w.pool, json!({})).await;
+    assert_eq!(admin.delete(&path).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(admin.get(&path).await.0, StatusCode::NOT_FOUND);
+}
+
+async fn hostile_plugins_fail_only_their_own_decision(db: Db) {
+    let w = world(db).await;
+    for (file, kind) in [
+        ("loop_forever.wasm", "deadline"),
+        ("memory_bomb.wasm", "memory"),
+        ("trap.wasm", "trap"),
+        ("invalid_answer.wasm", "invalid-answer"),
+    ] {
+        let plugin = w.upload(file).await;
+        w.assign(
+            &w.pool,
+            json!({ "placement": plugin["id"], "deadlineMs": 200 }),
+        )
+        .await;
+        let (status, err) = w.create(&w.pool, &format!("k-{kind}"), 1).await;
+        assert_error(status, &err, StatusCode::BAD_GATEWAY, "POLICY_FAILED");
+        assert_eq!(err["error"]["details"]["kind"], kind, "{file}: {err}");
+        assert_eq!(err["error"]["details"]["pluginId"], plugin["id"]);
+        // The server keeps serving, and another pool keeps placing.
+        let (status, ok) = w.create(&w.other_pool, &format!("other-{kind}"), 1).await;
+        assert_eq!(
+            (status, ok["state"].as_str()),
+            (StatusCode::OK, Some("placed")),
+            "{ok}"
+        );
+    }
+    let (_, offers) = w
+        .server
+        .admin()
+        .get(&format!("/v1/pools/{}/offers", w.pool))
+        .await;
+    assert_eq!(
+        offers[0]["used"],
+        json!({}),
+        "a failed decision charges nothing"
+    );
+    let (_, list) = w
+        .tenant
+        .post(
+            "/api/compute/reservations/list",
+            json!({ "tenantId": "tenant-a", "poolId": w.pool }),
+        )
+        .await;
+    assert_eq!(list["items"], json!([]), "and writes nothing");
+    let (_, metrics) = w.server.anonymous().get("/metrics").await;
+    let metrics = metrics.as_str().unwrap();
+    for outcome in ["deadline", "memory", "trap", "invalid-answer"] {
+        assert!(
+            metrics.contains(&format!("outcome=\"{outcome}\"")),
+            "{outcome} not counted in /metrics"
+        );
+    }
+}
+
+async fn plugins_cannot_reach_files_environment_or_network_but_read_their_config(db: Db) {
+    let w = world(db).await;
+    for file in ["escape_fs.wasm", "read_env.wasm", "open_socket.wasm"] {
+        let plugin = w.upload(file).await;
+        w.assign(
+            &w.pool,
+            json!({ "placement": plugin["id"], "deadlineMs": 2000 }),
+        )
+        .await;
+        let (status, r) = w.create(&w.pool, &format!("k-{file}"), 1).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        assert_eq!(r["state"], "placed", "{file} escaped its sandbox: {r}");
+    }
+    let plugin = w.upload("read_config.wasm").await;
+    w.assign(
+        &w.pool,
+        json!({ "placement": plugin["id"], "config": { "spread": "wide" } }),
+    )
+    .await;
+    let (_, r) = w.create(&w.pool, "k-config", 1).await;
+    let message = r["conditions"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.starts_with("CONFIG:") && message.contains("wide"),
+        "{r}"
+    );
+    assert!(
+        !message.contains("WRITABLE"),
+        "the config directory is read-only: {message}"
+    );
+}
+
+async fn a_pool_may_fall_back_to_the_default_when_its_plugin_fails(db: Db) {
+    let w = world(db).await;
+    let trap = w.upload("trap.wasm").await;
+    w.assign(
+        &w.pool,
+        json!({ "placement": trap["id"], "onPolicyFailure": "fallback" }),
+    )
+    .await;
+    let (status, r) = w.create(&w.pool, "k-1", 2).await;
+    assert_eq!(
+        (status, r["state"].as_str()),
+        (StatusCode::OK, Some("placed")),
+        "{r}"
+    );
+    let placed_by = r["placement"]["placedBy"].as_str().unwrap();
+    assert!(
+        placed_by.starts_with("native:placer-default (fallback: sha256:")
+            && placed_by.contains("trap"),
+        "{placed_by}"
+    );
+}
