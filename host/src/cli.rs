@@ -2,15 +2,24 @@
 //! the API's JSON with `--json`).
 
 mod client;
+mod compute;
+mod iam;
+mod pools;
 mod render;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 pub use client::Client;
+pub use compute::{ComputeCommand, ComputeReservationsCommand};
+pub use iam::{ConfirmationsCommand, IamCommand, PolicyCommand};
+pub use pools::PoolsCommand;
+
+/// An API answer and how to show it as a table.
+type Shown = (Value, fn(&Value) -> String);
 
 /// Where and as whom the client talks to the server.
 #[derive(Debug, Clone, Args)]
@@ -45,6 +54,18 @@ pub enum ClientCommand {
     /// Node reservations: exclusive rights over GPU units of a node for orgs.
     #[command(subcommand)]
     Reservations(ReservationsCommand),
+    /// Pools of nodes and their offers to tenants.
+    #[command(subcommand)]
+    Pools(PoolsCommand),
+    /// Compute reservations: a tenant's claim on devices of one pool for a time window.
+    #[command(subcommand)]
+    Compute(ComputeCommand),
+    /// An org's IAM policy (Cedar).
+    #[command(subcommand)]
+    Iam(IamCommand),
+    /// Agents' requests waiting for a person of the org to approve or deny them.
+    #[command(subcommand)]
+    Confirmations(ConfirmationsCommand),
     /// The units an org could place on now, per node.
     Catalog { org: String },
     /// The audit trail, newest first.
@@ -55,6 +76,15 @@ pub enum ClientCommand {
         limit: u32,
         #[arg(long)]
         cursor: Option<String>,
+    },
+    /// Events the caller's org may see, oldest first.
+    Events {
+        /// Only events after this id (the `more: --after` of the previous page).
+        #[arg(long)]
+        after: Option<i64>,
+        /// 1-500; the server's default is 100.
+        #[arg(long)]
+        limit: Option<i64>,
     },
 }
 
@@ -188,7 +218,7 @@ pub struct UnitRelease {
 
 pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()> {
     let client = Client::new(&conn.url, conn.key.as_deref())?;
-    let (value, view): (Value, fn(&Value) -> String) = match command {
+    let (value, view): Shown = match command {
         ClientCommand::Orgs(OrgsCommand::Create { id, name }) => (
             client
                 .post("/v1/orgs", &json!({ "id": id, "name": name }))
@@ -226,14 +256,7 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
             (json!({ "revoked": key_id }), render::object)
         }
         ClientCommand::Nodes(NodesCommand::Put { org, node_id, file }) => {
-            let text = if file.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin())?
-            } else {
-                std::fs::read_to_string(&file)
-                    .with_context(|| format!("reading {}", file.display()))?
-            };
-            let body: Value =
-                serde_json::from_str(&text).context("the inventory file is not JSON")?;
+            let body = read_json(&file, "the inventory file")?;
             let path = format!("/v1/orgs/{org}/provider/nodes/{node_id}");
             (client.put(&path, &body).await?, render::node)
         }
@@ -248,6 +271,12 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
             render::node,
         ),
         ClientCommand::Reservations(command) => reservations(&client, command).await?,
+        ClientCommand::Pools(command) => pools::run(&client, command).await?,
+        ClientCommand::Compute(ComputeCommand::Reservations(command)) => {
+            compute::run(&client, command).await?
+        }
+        ClientCommand::Iam(command) => iam::run_iam(&client, command).await?,
+        ClientCommand::Confirmations(command) => iam::run_confirmations(&client, command).await?,
         ClientCommand::Catalog { org } => (
             client.get(&format!("/v1/orgs/{org}/catalog")).await?,
             render::catalog,
@@ -262,6 +291,18 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
             }
             (client.get(&path).await?, render::audit)
         }
+        ClientCommand::Events { after, limit } => {
+            let query: Vec<String> = [("after", after), ("limit", limit)]
+                .into_iter()
+                .filter_map(|(name, v)| v.map(|v| format!("{name}={v}")))
+                .collect();
+            let path = if query.is_empty() {
+                "/v1/events".to_string()
+            } else {
+                format!("/v1/events?{}", query.join("&"))
+            };
+            (client.get(&path).await?, render::events)
+        }
     };
     if conn.json {
         println!("{}", serde_json::to_string_pretty(&value)?);
@@ -271,10 +312,21 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn reservations(
-    client: &Client,
-    command: ReservationsCommand,
-) -> anyhow::Result<(Value, fn(&Value) -> String)> {
+/// The text of `path`, or of stdin for `-`.
+fn read_input(path: &Path) -> anyhow::Result<String> {
+    if path.as_os_str() == "-" {
+        Ok(std::io::read_to_string(std::io::stdin())?)
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    }
+}
+
+/// The JSON document in `path` (or stdin for `-`); `what` names it in the error.
+fn read_json(path: &Path, what: &str) -> anyhow::Result<Value> {
+    serde_json::from_str(&read_input(path)?).with_context(|| format!("{what} is not JSON"))
+}
+
+async fn reservations(client: &Client, command: ReservationsCommand) -> anyhow::Result<Shown> {
     let base = |node: &str| format!("/v1/nodes/{node}/reservations");
     Ok(match command {
         ReservationsCommand::Create {

@@ -1,6 +1,7 @@
-//! `orl serve --demo`: a provider with four NVLink nodes of eight H100s, a tenant, keys, and
-//! `curl` commands that work as printed. Seeding is idempotent; the keys are created once and
-//! kept (mode 0600) in the data directory so a restart prints the same ones.
+//! `orl serve --demo`: a provider with four NVLink nodes of eight H100s pooled as
+//! `h100-demo` and offered to a tenant, keys, and `curl` commands that work as printed.
+//! Seeding is idempotent; the keys are created once and kept (mode 0600) in the data
+//! directory so a restart prints the same ones.
 
 use std::net::SocketAddr;
 
@@ -12,10 +13,18 @@ use crate::iam::keys;
 use crate::iam::{Principal, Role, orgs};
 use crate::inventory::nodes;
 use crate::inventory::{DeviceClass, HostResources, NodeInventory, Unit, UnitClass};
+use crate::pools::store::{self as pools, NewOffer, NewPool, Pool};
 use crate::serve::write_private_file;
 
 pub const PROVIDER_ORG: &str = "acme-gpu";
 pub const TENANT_ORG: &str = "tenant-a";
+pub const POOL_NAME: &str = "h100-demo";
+/// The tenant's GPU quota in the demo pool.
+pub const POOL_GPU_QUOTA: i64 = 16;
+/// Minor currency units (cents) per GPU-hour.
+pub const POOL_PRICE_PER_GPU_HOUR: i64 = 250;
+/// The key of the demo's compute reservation: re-running its `curl` replays it.
+const DEMO_IDEMPOTENCY_KEY: &str = "demo-4xh100-nvlink";
 
 #[derive(Serialize, Deserialize)]
 struct DemoKeys {
@@ -71,6 +80,7 @@ pub async fn seed_and_print(
         )
         .await?;
     }
+    let pool = seed_pool(app).await?;
     let path = app.data_dir.join("demo-keys.json");
     let keys = match std::fs::read_to_string(&path) {
         Ok(text) => serde_json::from_str(&text).context("reading demo-keys.json")?,
@@ -88,6 +98,7 @@ pub async fn seed_and_print(
     println!(
         r#"
 orl demo: provider org {PROVIDER_ORG} with nodes h100-1..h100-4 (8 x H100, NVLink domains nvl0/nvl1), tenant org {TENANT_ORG}.
+pool {POOL_NAME} ({pool_id}) of the four nodes, offered to {TENANT_ORG} with a quota of {POOL_GPU_QUOTA} GPUs at {POOL_PRICE_PER_GPU_HOUR} cents per GPU-hour.
 
   admin key (ops):      {admin}
   provider key:         {provider}
@@ -107,6 +118,14 @@ Try:
   curl -s -H 'Authorization: Bearer {provider}' {url}/v1/nodes/h100-1/reservations
   # what the tenant may place on now (reserved units are theirs alone)
   curl -s -H 'Authorization: Bearer {tenant}' {url}/v1/orgs/{TENANT_ORG}/catalog
+  # book 4 NVLink-connected GPUs of the pool for 2 hours as the tenant; run it again: the same
+  # idempotencyKey returns the stored reservation
+  curl -s -X POST -H 'Authorization: Bearer {tenant}' -H 'Content-Type: application/json' \
+       -d '{create}' {url}/api/compute/reservations/create
+  # the tenant's compute reservations, newest first, and the same from the CLI
+  curl -s -X POST -H 'Authorization: Bearer {tenant}' -H 'Content-Type: application/json' \
+       -d '{{"tenantId":"{TENANT_ORG}"}}' {url}/api/compute/reservations/list
+  ORL_URL={url} ORL_KEY={tenant} orl compute reservations list --tenant {TENANT_ORG}
   # the audit trail (ops)
   curl -s -H 'Authorization: Bearer {admin}' '{url}/v1/audit?limit=5'
   # the API description
@@ -115,8 +134,49 @@ Try:
         provider = keys.provider,
         tenant = keys.tenant,
         inventory = inventory_json(1),
+        pool_id = pool.id,
+        create = serde_json::json!({
+            "tenantId": TENANT_ORG,
+            "poolId": pool.id,
+            "devices": [{ "class": "gpu", "count": 4, "topology": "nvlink-all" }],
+            "duration": "2h",
+            "idempotencyKey": DEMO_IDEMPOTENCY_KEY,
+        }),
     );
     Ok(())
+}
+
+/// The provider's pool `h100-demo` of the four nodes, created on the first start, and its
+/// offer to the tenant, made when the tenant has none.
+async fn seed_pool(app: &App) -> anyhow::Result<Pool> {
+    let system = Principal::system();
+    let existing = pools::list(app, &system)
+        .await?
+        .into_iter()
+        .find(|p| p.owner_org_id == PROVIDER_ORG && p.name == POOL_NAME);
+    let pool = match existing {
+        Some(pool) => pool,
+        None => {
+            let new = NewPool {
+                name: POOL_NAME.into(),
+                owner_org_id: PROVIDER_ORG.into(),
+                node_ids: (1..=4).map(|n| format!("h100-{n}")).collect(),
+                policy: Default::default(),
+            };
+            pools::create(app, &system, new).await?
+        }
+    };
+    let offers = pools::list_offers(app, &system, &pool.id).await?;
+    if !offers.iter().any(|o| o.tenant_id == TENANT_ORG) {
+        let offer = NewOffer {
+            tenant_id: TENANT_ORG.into(),
+            quota: [("gpu".to_string(), POOL_GPU_QUOTA)].into(),
+            price_per_gpu_hour: Some(POOL_PRICE_PER_GPU_HOUR),
+            budget: None,
+        };
+        pools::put_offer(app, &system, &pool.id, offer).await?;
+    }
+    Ok(pool)
 }
 
 fn inventory_json(n: usize) -> String {

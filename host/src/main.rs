@@ -22,8 +22,17 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Measure the policy runtime.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     #[command(flatten)]
     Client(ClientCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The default placement policy, native vs as a WebAssembly component.
+    Placement(orl::bench::PlacementBench),
 }
 
 #[tokio::main]
@@ -39,6 +48,7 @@ async fn main() -> std::process::ExitCode {
                 .init();
             serve::run(args).await
         }
+        Command::Bench(BenchCommand::Placement(args)) => orl::bench::run(args),
         Command::Client(command) => cli::run(cli.connection, command).await,
     };
     match result {

@@ -1,18 +1,27 @@
 //! The `orl` client commands against a live server.
 
-use serde_json::Value;
+use std::process::Output;
 
-use crate::support::{Db, Server, h100_inventory, on_both_databases};
+use serde_json::{Value, json};
 
-/// Runs `orl args…` as `key` against `server`; returns stdout, or panics with stderr.
-async fn orl(server: &Server, key: &str, args: &[&str]) -> String {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_orl"))
+use crate::support::{Db, Server, T0, h100_inventory, on_both_databases};
+
+const HOUR: i64 = 3_600_000;
+
+/// Runs `orl args…` as `key` against `server`, whatever its outcome.
+async fn run_orl(server: &Server, key: &str, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_orl"))
         .args(args)
         .env("ORL_URL", &server.url)
         .env("ORL_KEY", key)
         .output()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `orl args…` as `key` against `server`; returns stdout, or panics with stderr.
+async fn orl(server: &Server, key: &str, args: &[&str]) -> String {
+    let output = run_orl(server, key, args).await;
     assert!(
         output.status.success(),
         "orl {args:?}: {}",
@@ -27,9 +36,27 @@ async fn orl_json(server: &Server, key: &str, args: &[&str]) -> Value {
     serde_json::from_str(&orl(server, key, &all).await).unwrap()
 }
 
+/// A command line as arguments, split at whitespace.
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// Runs `orl args…`, expecting it to fail; returns stderr.
+async fn orl_fails(server: &Server, key: &str, args: &[&str]) -> String {
+    let output = run_orl(server, key, args).await;
+    assert!(
+        !output.status.success(),
+        "orl {args:?} succeeded: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8(output.stderr).unwrap()
+}
+
 on_both_databases!(
     the_cli_reserves_and_releases_units_as_in_the_seed,
-    cli_errors_show_the_api_error
+    cli_errors_show_the_api_error,
+    the_cli_pools_offers_and_books_compute_through_its_lifecycle,
+    the_cli_sets_a_cedar_policy_and_a_person_confirms_an_agents_request,
 );
 
 async fn the_cli_reserves_and_releases_units_as_in_the_seed(db: Db) {
@@ -138,5 +165,234 @@ async fn cli_errors_show_the_api_error(db: Db) {
     assert!(
         stderr.contains("404 NOT_FOUND: node nope not found"),
         "{stderr}"
+    );
+}
+
+/// Org `acme` with a provider key and node `n1` of 8 H100s, and org `tenant-a` with a
+/// member key; returns (provider key, tenant key).
+async fn provider_and_tenant(server: &Server) -> (String, String) {
+    let admin = &server.admin;
+    for (org, name) in [("acme", "Acme"), ("tenant-a", "Tenant-A")] {
+        orl(
+            server,
+            admin,
+            &words(&format!("orgs create {org} --name {name}")),
+        )
+        .await;
+    }
+    let provider = orl_json(server, admin, &words("keys create acme --role provider")).await;
+    let tenant = orl_json(server, admin, &words("keys create tenant-a --role member")).await;
+    let file = server.data_dir.path().join("n1.json");
+    std::fs::write(&file, h100_inventory("n1", 8).to_string()).unwrap();
+    let provider = provider["key"].as_str().unwrap().to_string();
+    let put = format!("nodes put acme n1 --file {}", file.display());
+    orl(server, &provider, &words(&put)).await;
+    (provider, tenant["key"].as_str().unwrap().to_string())
+}
+
+/// Pool `h100` of `n1` owned by acme, offered to tenant-a with 8 GPUs; returns its id.
+async fn pool_offered_to_tenant(server: &Server) -> String {
+    let admin = &server.admin;
+    let create = r#"pools create --name h100 --owner acme --node-ids n1 --policy {"budgetCheck":true} --placer pool-lease"#;
+    let pool = orl_json(server, admin, &words(create)).await;
+    assert_eq!(pool["policy"]["placer"], "pool-lease", "{pool}");
+    assert_eq!(pool["policy"]["budgetCheck"], true, "{pool}");
+    assert_eq!(pool["nodeIds"], json!(["n1"]));
+    let id = pool["id"].as_str().unwrap().to_string();
+    let offer = format!(
+        "pools offer {id} --tenant tenant-a --quota gpu=8,vcpu=64 --price-per-gpu-hour 250 --budget 1000000"
+    );
+    let offer = orl_json(server, admin, &words(&offer)).await;
+    assert_eq!(offer["quota"], json!({ "gpu": 8, "vcpu": 64 }));
+    assert_eq!(offer["pricePerGpuHour"], 250);
+    id
+}
+
+async fn the_cli_pools_offers_and_books_compute_through_its_lifecycle(db: Db) {
+    let server = Server::start(db).await;
+    let admin = &server.admin;
+    let (_, tenant) = provider_and_tenant(&server).await;
+    let tenant = &tenant;
+    let pool = pool_offered_to_tenant(&server).await;
+    let pools = orl(&server, tenant, &["pools", "list"]).await;
+    assert!(
+        pools.contains(&pool) && pools.contains("pool-lease"),
+        "{pools}"
+    );
+
+    let create = format!(
+        "compute reservations create --tenant tenant-a --pool {pool} --gpus 4 \
+         --model H100-SXM5-80GB --nvlink-all --duration 2h --idempotency-key cli-k1"
+    );
+    let created = orl_json(&server, tenant, &words(&create)).await;
+    assert_eq!(created["state"], "placed", "{created}");
+    assert_eq!(created["start"], T0);
+    assert_eq!(created["end"], T0 + 2 * HOUR);
+    assert_eq!(created["placement"]["unitIds"].as_array().unwrap().len(), 4);
+    let id = created["id"].as_str().unwrap().to_string();
+
+    // The same key is a replay: the same reservation, nothing charged twice.
+    let replay = orl(&server, tenant, &words(&create)).await;
+    assert!(
+        replay.contains(&id) && replay.contains("placed"),
+        "{replay}"
+    );
+    let offers = orl(&server, admin, &words(&format!("pools offers {pool}"))).await;
+    assert!(
+        offers.contains("gpu 4/8") && offers.contains("tenant-a"),
+        "{offers}"
+    );
+
+    // Without --idempotency-key a fresh key is made and printed to stderr.
+    let later = format!(
+        "--json compute reservations create --tenant tenant-a --pool {pool} --gpus 1 \
+         --start 2026-12-02T00:00:00Z --duration 3600"
+    );
+    let output = run_orl(&server, tenant, &words(&later)).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("idempotency key: cli-"), "{stderr}");
+    let later: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(later["start"], T0 + 24 * HOUR);
+    assert_eq!(later["end"], T0 + 25 * HOUR);
+    let later_id = later["id"].as_str().unwrap();
+
+    let list = "compute reservations list --tenant tenant-a";
+    let listed = orl(&server, tenant, &words(list)).await;
+    assert!(
+        listed.contains(&id) && listed.contains(later_id),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("2026-12-01T02:00:00Z"),
+        "ends shown as RFC 3339: {listed}"
+    );
+    let page = orl_json(&server, tenant, &words(&format!("{list} --limit 1"))).await;
+    assert_eq!(page["items"][0]["id"], later_id, "newest first");
+    let cursor = page["cursor"].as_str().unwrap();
+    let next = format!("{list} --limit 1 --cursor {cursor}");
+    let next = orl(&server, tenant, &words(&next)).await;
+    assert!(next.contains(&id) && !next.contains("more:"), "{next}");
+
+    let on = |method: &str| format!("compute reservations {method} --tenant tenant-a {id}");
+    let extended = orl_json(
+        &server,
+        tenant,
+        &words(&format!("{} --by 1h", on("extend"))),
+    )
+    .await;
+    assert_eq!(extended["extended"], true, "{extended}");
+    assert_eq!(extended["reservation"]["end"], T0 + 3 * HOUR);
+    let until = format!("{} --until 2026-12-01T03:00:00Z", on("extend"));
+    let until = orl(&server, tenant, &words(&until)).await;
+    assert!(
+        until.contains("not extended"),
+        "an end already reached: {until}"
+    );
+    let stderr = orl_fails(&server, tenant, &words(&on("extend"))).await;
+    assert!(
+        stderr.contains("--until") && stderr.contains("--by"),
+        "{stderr}"
+    );
+
+    let fetched = orl_json(&server, tenant, &words(&on("get"))).await;
+    assert_eq!(fetched["end"], T0 + 3 * HOUR);
+    let stderr = orl_fails(&server, tenant, &words(&on("renew"))).await;
+    assert!(
+        stderr.contains("409 INVALID_STATE"),
+        "no lease to renew: {stderr}"
+    );
+    let cancel = format!("compute reservations cancel --tenant tenant-a {later_id}");
+    let cancelled = orl_json(&server, tenant, &words(&cancel)).await;
+    assert_eq!(cancelled["state"], "cancelled");
+    let released = orl(&server, tenant, &words(&on("release"))).await;
+    assert!(
+        released.contains("released") && released.contains("reason: release"),
+        "{released}"
+    );
+    let offers = orl_json(&server, admin, &words(&format!("pools offers {pool}"))).await;
+    assert_eq!(offers[0]["used"], json!({}), "quota refunded: {offers}");
+
+    let events = orl(&server, tenant, &["events"]).await;
+    for kind in [
+        "reservation.placed",
+        "reservation.extended",
+        "reservation.released",
+    ] {
+        assert!(events.contains(kind), "{kind} missing: {events}");
+    }
+    let archived = orl_json(&server, admin, &words(&format!("pools archive {pool}"))).await;
+    assert_eq!(archived["archived"], true);
+    let create = format!("compute reservations create --tenant tenant-a --pool {pool} --gpus 1");
+    let stderr = orl_fails(&server, tenant, &words(&create)).await;
+    assert!(
+        stderr.contains("404 NOT_FOUND"),
+        "an archived pool takes nothing: {stderr}"
+    );
+}
+
+async fn the_cli_sets_a_cedar_policy_and_a_person_confirms_an_agents_request(db: Db) {
+    let server = Server::start(db).await;
+    let admin = &server.admin;
+    let (_, person) = provider_and_tenant(&server).await;
+    let person = &person;
+    let pool = pool_offered_to_tenant(&server).await;
+    let agent = words("keys create tenant-a --role member --agent");
+    let agent = orl_json(&server, admin, &agent).await;
+    let agent = agent["key"].as_str().unwrap();
+    let file = server.data_dir.path().join("policy.cedar");
+    std::fs::write(
+        &file,
+        r#"permit(principal, action, resource) when { !principal.agent };
+permit(principal, action == Orl::Action::"compute:reservations:create", resource)
+  when { context.gpuCount <= 2 || context.confirmed };
+"#,
+    )
+    .unwrap();
+    let set = format!("iam policy set tenant-a --file {}", file.display());
+    orl(&server, admin, &words(&set)).await;
+    let shown = orl(&server, admin, &words("iam policy get tenant-a")).await;
+    assert!(
+        shown.starts_with("// updated ") && shown.contains("context.confirmed"),
+        "{shown}"
+    );
+
+    let create = format!(
+        "compute reservations create --tenant tenant-a --pool {pool} --gpus 4 \
+         --idempotency-key agent-k1"
+    );
+    let stderr = orl_fails(&server, agent, &words(&create)).await;
+    assert!(stderr.contains("403 CONFIRMATION_REQUIRED"), "{stderr}");
+    let list = words("confirmations list tenant-a");
+    let pending = orl_json(&server, person, &list).await;
+    assert_eq!(pending[0]["state"], "pending", "{pending}");
+    let confirmation = pending[0]["id"].as_str().unwrap();
+    let table = orl(&server, person, &list).await;
+    assert!(
+        table.contains(confirmation) && table.contains("gpuCount=4"),
+        "{table}"
+    );
+    let approve = format!("confirmations approve tenant-a {confirmation}");
+    let stderr = orl_fails(&server, agent, &words(&approve)).await;
+    assert!(
+        stderr.contains("403 ACCESS_DENIED"),
+        "an agent cannot approve: {stderr}"
+    );
+    let approved = orl(&server, person, &words(&approve)).await;
+    assert!(approved.contains("approved"), "{approved}");
+    let placed = orl_json(&server, agent, &words(&create)).await;
+    assert_eq!(placed["state"], "placed", "the retry continues: {placed}");
+
+    // With scope all every item is decided as a read, which this policy gives agents none of.
+    let list = "compute reservations list --tenant tenant-a --scope all";
+    let listed = orl_json(&server, agent, &words(list)).await;
+    assert_eq!(listed["items"], json!([]), "{listed}");
+
+    std::fs::write(&file, "").unwrap();
+    orl(&server, admin, &words(&set)).await;
+    let shown = orl(&server, admin, &words("iam policy get tenant-a")).await;
+    assert!(
+        shown.contains("no policy"),
+        "an empty file removes it: {shown}"
     );
 }

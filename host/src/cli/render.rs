@@ -1,5 +1,6 @@
 //! Human-readable tables of API answers.
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use serde_json::Value;
 
@@ -199,4 +200,286 @@ pub fn catalog(value: &Value) -> String {
         ],
         rows,
     )
+}
+
+/// Epoch milliseconds as RFC 3339 in UTC (fractions only when there are some).
+pub fn instant(value: &Value) -> String {
+    value
+        .as_i64()
+        .and_then(DateTime::<Utc>::from_timestamp_millis)
+        .map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+        .unwrap_or_else(|| cell(value))
+}
+
+const POOL_HEADER: [&str; 8] = [
+    "id", "name", "owner", "nodes", "placer", "sharing", "options", "archived",
+];
+
+fn pool_row(p: &Value) -> Vec<String> {
+    let policy = &p["policy"];
+    let mut options: Vec<String> = ["tenantRoot", "kubernetes", "budgetCheck"]
+        .into_iter()
+        .filter(|flag| policy[*flag] == Value::Bool(true))
+        .map(str::to_string)
+        .collect();
+    if let Some(per_gpu) = policy.get("perGpu") {
+        options.push(format!(
+            "perGpu {} vCPU, {} GiB",
+            cell(&per_gpu["vcpu"]),
+            cell(&per_gpu["memoryGiB"])
+        ));
+    }
+    vec![
+        cell(&p["id"]),
+        cell(&p["name"]),
+        cell(&p["ownerOrgId"]),
+        cell(&p["nodeIds"]),
+        cell(&policy["placer"]),
+        cell(&policy["sharing"]),
+        options.join(", "),
+        cell(&p["archived"]),
+    ]
+}
+
+pub fn pools(value: &Value) -> String {
+    table(
+        &POOL_HEADER,
+        value.as_array().into_iter().flatten().map(pool_row),
+    )
+}
+
+pub fn pool(value: &Value) -> String {
+    table(&POOL_HEADER, [pool_row(value)])
+}
+
+/// Each quota resource as `used/limit`; a resource used without a row has a limit of 0.
+fn quota_use(offer: &Value) -> String {
+    let mut resources: Vec<&String> = offer["quota"]
+        .as_object()
+        .into_iter()
+        .flat_map(|q| q.keys())
+        .chain(offer["used"].as_object().into_iter().flat_map(|u| u.keys()))
+        .collect();
+    resources.sort();
+    resources.dedup();
+    resources
+        .into_iter()
+        .map(|r| {
+            let used = offer["used"][r].as_i64().unwrap_or(0);
+            let limit = offer["quota"][r].as_i64().unwrap_or(0);
+            format!("{r} {used}/{limit}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+const OFFER_HEADER: [&str; 6] = [
+    "pool",
+    "tenant",
+    "used/quota",
+    "price per GPU-hour",
+    "budget",
+    "updated",
+];
+
+fn offer_row(o: &Value) -> Vec<String> {
+    vec![
+        cell(&o["poolId"]),
+        cell(&o["tenantId"]),
+        quota_use(o),
+        cell(&o["pricePerGpuHour"]),
+        cell(&o["budget"]),
+        cell(&o["updatedAt"]),
+    ]
+}
+
+pub fn offers(value: &Value) -> String {
+    table(
+        &OFFER_HEADER,
+        value.as_array().into_iter().flatten().map(offer_row),
+    )
+}
+
+pub fn offer(value: &Value) -> String {
+    table(&OFFER_HEADER, [offer_row(value)])
+}
+
+const COMPUTE_HEADER: [&str; 8] = [
+    "id",
+    "state",
+    "pool",
+    "node",
+    "units",
+    "start",
+    "end",
+    "conditions",
+];
+
+fn compute_row(r: &Value) -> Vec<String> {
+    let conditions = r["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| format!("{}/{}", cell(&c["type"]), cell(&c["reason"])))
+        .collect::<Vec<_>>()
+        .join("\n");
+    vec![
+        cell(&r["id"]),
+        cell(&r["state"]),
+        cell(&r["poolId"]),
+        cell(&r["placement"]["nodeId"]),
+        cell(&r["placement"]["unitIds"]),
+        instant(&r["start"]),
+        instant(&r["end"]),
+        conditions,
+    ]
+}
+
+/// A compute reservation: its row, why it ended, and its conditions with their messages.
+pub fn reservation(value: &Value) -> String {
+    let mut out = table(&COMPUTE_HEADER, [compute_row(value)]);
+    if let Some(reason) = value["reason"].as_str() {
+        out.push_str(&format!("\nreason: {reason}"));
+    }
+    if let Some(deadline) = value.get("leaseDeadline") {
+        out.push_str(&format!("\nlease deadline: {}", instant(deadline)));
+    }
+    let conditions: Vec<Vec<String>> = value["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            vec![
+                cell(&c["type"]),
+                cell(&c["reason"]),
+                cell(&c["message"]),
+                instant(&c["since"]),
+            ]
+        })
+        .collect();
+    if !conditions.is_empty() {
+        out.push('\n');
+        out.push_str(&table(
+            &["condition", "reason", "message", "since"],
+            conditions,
+        ));
+    }
+    out
+}
+
+/// A page of compute reservations.
+pub fn reservations(value: &Value) -> String {
+    let rows = value["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(compute_row);
+    let mut out = table(&COMPUTE_HEADER, rows);
+    if let Some(cursor) = value["cursor"].as_str() {
+        out.push_str(&format!("\nmore: --cursor {cursor}"));
+    }
+    out
+}
+
+/// The answer of `extend`: the reservation, and whether its end moved.
+pub fn extended(value: &Value) -> String {
+    let mut out = reservation(&value["reservation"]);
+    if value["extended"] == Value::Bool(true) {
+        out.push_str("\nextended");
+    } else if let Some(until) = value.get("availableUntil") {
+        out.push_str(&format!(
+            "\nnot extended: a later booking blocks; the end can reach {}",
+            instant(until)
+        ));
+    } else {
+        out.push_str("\nnot extended: the reservation already ends then or later");
+    }
+    out
+}
+
+/// An org's policy as Cedar text, so the output can be edited and set again.
+pub fn policy(value: &Value) -> String {
+    let text = value["policy"].as_str().unwrap_or_default();
+    match value["updatedAt"].as_str() {
+        Some(at) if !text.trim().is_empty() => format!("// updated {at}\n{}", text.trim_end()),
+        _ => "// no policy: holding a permission allows".to_string(),
+    }
+}
+
+const CONFIRMATION_HEADER: [&str; 8] = [
+    "id",
+    "state",
+    "reservation",
+    "requested by",
+    "action",
+    "attributes",
+    "decided by",
+    "expires",
+];
+
+fn confirmation_row(c: &Value) -> Vec<String> {
+    let attributes = c["attributes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| !matches!(v, Value::String(s) if s.is_empty()))
+        .map(|(k, v)| format!("{k}={}", cell(v)))
+        .collect::<Vec<_>>()
+        .join("\n");
+    vec![
+        cell(&c["id"]),
+        cell(&c["state"]),
+        cell(&c["reservationId"]),
+        cell(&c["requestedBy"]),
+        cell(&c["action"]),
+        attributes,
+        cell(&c["decidedBy"]),
+        cell(&c["expiresAt"]),
+    ]
+}
+
+pub fn confirmations(value: &Value) -> String {
+    table(
+        &CONFIRMATION_HEADER,
+        value.as_array().into_iter().flatten().map(confirmation_row),
+    )
+}
+
+pub fn confirmation(value: &Value) -> String {
+    table(&CONFIRMATION_HEADER, [confirmation_row(value)])
+}
+
+/// A page of events: what changed, with the reservation's state when the event carries one.
+pub fn events(value: &Value) -> String {
+    let rows = value["items"].as_array().into_iter().flatten().map(|e| {
+        let payload = &e["payload"];
+        let mut detail: Vec<String> = payload["reservation"]
+            .get("state")
+            .map(|s| format!("state={}", cell(s)))
+            .into_iter()
+            .collect();
+        detail.extend(
+            payload
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| *k != "reservation")
+                .map(|(k, v)| match k.as_str() {
+                    "start" | "end" => format!("{k}={}", instant(v)),
+                    _ => format!("{k}={}", cell(v)),
+                }),
+        );
+        vec![
+            cell(&e["id"]),
+            cell(&e["at"]),
+            cell(&e["type"]),
+            cell(&e["objectId"]),
+            detail.join(" "),
+        ]
+    });
+    let mut out = table(&["id", "at", "type", "object", "detail"], rows);
+    if let Some(cursor) = value["cursor"].as_str() {
+        out.push_str(&format!("\nmore: --after {cursor}"));
+    }
+    out
 }

@@ -1,0 +1,161 @@
+//! `orl bench placement`: replays one stream of requests against one inventory snapshot,
+//! once with the default placement policy run natively and once as its WebAssembly
+//! component (a fresh instance per decision, as the server runs it), and prints decisions
+//! per second, p50/p99 per decision and the ratio.
+
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::booking::placement::{
+    CandidateNode, CandidateUnit, DeviceAsk, DomainLoad, NativeDefault, PlacementRequest, Placer,
+    PolicyClass,
+};
+use crate::policy::PolicyHost;
+
+/// Options of `orl bench placement`.
+#[derive(Debug, clap::Args)]
+pub struct PlacementBench {
+    /// Node counts to measure (8 GPUs each, two NVLink domains of 4).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![500, 5_000, 20_000])]
+    pub nodes: Vec<usize>,
+    /// Decisions per run.
+    #[arg(long, default_value_t = 200)]
+    pub requests: usize,
+}
+
+/// A snapshot of `count` nodes of 8 H100s, about half of them partly busy; every free unit
+/// is a candidate.
+pub fn snapshot(count: usize, rng: &mut StdRng) -> Vec<CandidateNode> {
+    let mut next_unit = 0u32;
+    (0..count as u32)
+        .map(|id| {
+            let busy: Vec<bool> = (0..8).map(|_| rng.random_bool(0.3)).collect();
+            let free = (0..8u32)
+                .filter(|g| !busy[*g as usize])
+                .map(|g| {
+                    next_unit += 1;
+                    CandidateUnit {
+                        id: next_unit - 1,
+                        class: PolicyClass::Gpu,
+                        model: 0,
+                        nvlink_domain: Some(g / 4),
+                        memory_gib: 80,
+                    }
+                })
+                .collect();
+            let domains = (0..2u32)
+                .map(|d| DomainLoad {
+                    domain: d,
+                    busy: (0..4).filter(|g| busy[(d * 4 + g) as usize]).count() as u32,
+                    total: 4,
+                })
+                .collect();
+            CandidateNode {
+                id,
+                busy_units: busy.iter().filter(|b| **b).count() as u32,
+                total_units: 8,
+                domains,
+                free,
+            }
+        })
+        .collect()
+}
+
+/// The request stream: 1, 2, 4 or 8 GPUs; 4 with `nvlink-all` half the time (a domain holds 4).
+pub fn requests(count: usize, rng: &mut StdRng) -> Vec<PlacementRequest> {
+    (0..count)
+        .map(|_| {
+            let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
+            PlacementRequest {
+                devices: vec![DeviceAsk {
+                    class: PolicyClass::Gpu,
+                    count: gpus,
+                    model: None,
+                    nvlink_all: gpus == 4 && rng.random_bool(0.5),
+                }],
+                spot: false,
+                duration_seconds: 3600,
+                models: vec!["H100-SXM5-80GB".into()],
+            }
+        })
+        .collect()
+}
+
+struct Run {
+    per_decision: Vec<Duration>,
+}
+
+impl Run {
+    fn total(&self) -> Duration {
+        self.per_decision.iter().sum()
+    }
+
+    fn percentile(&self, p: f64) -> Duration {
+        let mut sorted = self.per_decision.clone();
+        sorted.sort();
+        sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    }
+
+    fn per_second(&self) -> f64 {
+        self.per_decision.len() as f64 / self.total().as_secs_f64()
+    }
+}
+
+fn measure(
+    requests: &[PlacementRequest],
+    mut decide: impl FnMut(&PlacementRequest) -> bool,
+) -> Run {
+    let mut per_decision = Vec::with_capacity(requests.len());
+    for request in requests {
+        let started = Instant::now();
+        assert!(decide(request), "every benchmark request fits the snapshot");
+        per_decision.push(started.elapsed());
+    }
+    Run { per_decision }
+}
+
+pub fn run(args: PlacementBench) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = PolicyHost::new(dir.path())?;
+    let component = host.default_placer();
+    println!(
+        "placement: default policy, native vs WebAssembly component ({} decisions per run)",
+        args.requests
+    );
+    println!(
+        "{:>7} {:>10} | {:>12} {:>10} {:>10} | {:>12} {:>10} {:>10} | {:>6}",
+        "nodes", "candidates", "native/s", "p50", "p99", "wasm/s", "p50", "p99", "ratio"
+    );
+    for count in &args.nodes {
+        let mut rng = StdRng::seed_from_u64(7);
+        let nodes = snapshot(*count, &mut rng);
+        let stream = requests(args.requests, &mut rng);
+        let candidates: usize = nodes.iter().map(|n| n.free.len()).sum();
+        // Warm both paths once.
+        let _ = NativeDefault.place(&stream[0], &nodes);
+        let _ = host.place(&component, &stream[0], &nodes, None, 60_000);
+        let native = measure(&stream, |r| NativeDefault.place(r, &nodes).is_ok());
+        let wasm = measure(&stream, |r| {
+            match host.place(&component, r, &nodes, None, 60_000) {
+                Ok(Ok(_)) => true,
+                Ok(Err(reason)) => panic!("unschedulable: {reason}"),
+                Err(failure) => panic!("the component failed: {failure:?}"),
+            }
+        });
+        println!(
+            "{:>7} {:>10} | {:>12.0} {:>10.3?} {:>10.3?} | {:>12.0} {:>10.3?} {:>10.3?} | {:>5.2}x",
+            count,
+            candidates,
+            native.per_second(),
+            native.percentile(0.5),
+            native.percentile(0.99),
+            wasm.per_second(),
+            wasm.percentile(0.5),
+            wasm.percentile(0.99),
+            wasm.total().as_secs_f64() / native.total().as_secs_f64(),
+        );
+    }
+    Ok(())
+}
