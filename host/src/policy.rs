@@ -169,8 +169,8 @@ pub fn content_id(bytes: &[u8]) -> String {
 
 impl PolicyHost {
     /// Starts the engine (and its epoch ticker) and loads the built-in default policies.
-    /// Precompiled artifacts go to `data_dir/plugins`, per-plugin config to
-    /// `data_dir/plugin-config/<hash>`.
+    /// Precompiled artifacts go to `data_dir/plugins`, plugin config to
+    /// `data_dir/plugin-config/<plugin>/<config>`.
     pub fn new(data_dir: &Path) -> anyhow::Result<Arc<PolicyHost>> {
         let mut config = Config::new();
         config.wasm_component_model(true);
@@ -289,10 +289,35 @@ impl PolicyHost {
         deserialize(&self.engine, &path)
     }
 
-    /// The per-plugin config directory (created empty when missing).
-    pub fn config_dir(&self, plugin_id: &str) -> PathBuf {
-        self.config_root
+    /// The config directory a plugin sees at `/config` for one pool's `config`: keyed by
+    /// plugin and config content, so pools sharing a plugin with different configs never
+    /// see each other's, and a directory never changes once written.
+    fn config_dir(
+        &self,
+        plugin_id: &str,
+        config: Option<&serde_json::Value>,
+    ) -> anyhow::Result<PathBuf> {
+        let text = config.map(serde_json::to_string_pretty).transpose()?;
+        let key = hex::encode(Sha256::digest(text.as_deref().unwrap_or("").as_bytes()));
+        let dir = self
+            .config_root
             .join(plugin_id.trim_start_matches("sha256:"))
+            .join(&key[..16]);
+        if !dir.exists() {
+            let tmp = self
+                .config_root
+                .join(format!("tmp-{}", crate::ids::new_id("cfg", 0)));
+            std::fs::create_dir_all(&tmp)?;
+            if let Some(text) = &text {
+                std::fs::write(tmp.join("config.json"), text)?;
+            }
+            std::fs::create_dir_all(dir.parent().expect("has a parent"))?;
+            if std::fs::rename(&tmp, &dir).is_err() {
+                // Another decision wrote the same directory first.
+                std::fs::remove_dir_all(&tmp)?;
+            }
+        }
+        Ok(dir)
     }
 
     /// A store for one decision: no environment, no stdio, no network, the plugin's config
@@ -308,15 +333,7 @@ impl PolicyHost {
         wasi.allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
-        let dir = self.config_dir(&loaded.id);
-        std::fs::create_dir_all(&dir)?;
-        if let Some(config) = config {
-            let path = dir.join("config.json");
-            let text = serde_json::to_string_pretty(config)?;
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-                std::fs::write(&path, text)?;
-            }
-        }
+        let dir = self.config_dir(&loaded.id, config)?;
         wasi.preopened_dir(&dir, "/config", FsPerms::ReadOnly)?;
         let state = PluginState {
             plugin_id: loaded.id.clone(),

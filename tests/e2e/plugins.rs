@@ -286,6 +286,29 @@ async fn plugins_cannot_reach_files_environment_or_network_but_read_their_config
         !message.contains("WRITABLE"),
         "the config directory is read-only: {message}"
     );
+    // Another pool running the same plugin with its own config sees only its own.
+    w.assign(
+        &w.other_pool,
+        json!({ "placement": plugin["id"], "config": { "spread": "narrow" } }),
+    )
+    .await;
+    let (_, other) = w.create(&w.other_pool, "k-config-2", 1).await;
+    let other = other["conditions"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        other.contains("narrow") && !other.contains("wide"),
+        "{other}"
+    );
+    let (_, again) = w.create(&w.pool, "k-config-3", 1).await;
+    assert!(
+        again["conditions"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("wide"),
+        "{again}"
+    );
 }
 
 async fn a_pool_may_fall_back_to_the_default_when_its_plugin_fails(db: Db) {
