@@ -87,7 +87,7 @@ async fn activate(app: &App, mut r: Reservation) -> Result<()> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
     r.state = State::Active;
-    r.updated_at = now;
+    r.operate("activate", now);
     if store::update(&mut tx, &r, State::Placed).await? {
         let payload = json!({ "reservation": r.view() });
         events::emit(

@@ -64,6 +64,7 @@ CREATE TABLE compute_reservations (
     confirmation_id      TEXT,
     extend_started_ms    BIGINT,
     next_attempt_ms      BIGINT,
+    operation            TEXT,
     created_at           BIGINT NOT NULL,
     updated_at           BIGINT NOT NULL
 );

@@ -634,6 +634,11 @@ async fn renew_moves_the_lease_and_a_lapsed_lease_releases(db: Db) {
     assert_eq!(status, StatusCode::OK, "{renewed}");
     assert_eq!(renewed["leaseDeadline"], T0 + 220_000);
     assert_eq!(renewed["end"], r["end"], "renew does not move the window");
+    assert_eq!(r["operation"], json!({ "name": "create", "at": T0 }));
+    assert_eq!(
+        renewed["operation"],
+        json!({ "name": "renew", "at": T0 + 100_000 })
+    );
     w.server.set_clock(T0 + 200_000).await;
     assert_eq!(w.get(&r["id"]).await.1["state"], "active");
     w.server.set_clock(T0 + 220_000).await;
@@ -642,6 +647,7 @@ async fn renew_moves_the_lease_and_a_lapsed_lease_releases(db: Db) {
         (lapsed["state"].as_str(), lapsed["reason"].as_str()),
         (Some("released"), Some("lease-lapsed"))
     );
+    assert_eq!(lapsed["operation"]["name"], "lease-lapsed");
     let (status, err) = w.call("renew", &r["id"]).await;
     assert_error(status, &err, StatusCode::CONFLICT, "INVALID_STATE");
 }

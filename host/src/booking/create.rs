@@ -256,7 +256,7 @@ async fn decide_and_place(
                 let expected = draft.state;
                 draft.state = State::AwaitingConfirmation;
                 draft.confirmation_id = Some(confirmation.id.clone());
-                draft.updated_at = now;
+                draft.operate("create", now);
                 if store::update(&mut tx, &draft, expected).await? {
                     emit(
                         &mut tx,
@@ -346,6 +346,10 @@ fn new_draft(
         confirmation_id: None,
         extend_started_ms: None,
         next_attempt_ms: None,
+        operation: Some(super::store::Operation {
+            name: "create".into(),
+            at: now,
+        }),
         created_at: now,
         updated_at: now,
         unit_ids: Vec::new(),
@@ -364,7 +368,7 @@ async fn finish_draft(
     let expected = draft.state;
     draft.state = State::Denied;
     draft.reason = Some(reason.to_string());
-    draft.updated_at = now;
+    draft.operate("create", now);
     if store::update(&mut tx, draft, expected).await? {
         let entry = Entry {
             org_id: &draft.tenant_id,
@@ -455,7 +459,7 @@ async fn charge_and_place(
     r.charge = Some(charge);
     r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
     let placed = try_place(app, &mut tx, pool, &mut r, now).await?;
-    r.updated_at = now;
+    r.operate("create", now);
     if !store::update(&mut tx, &r, expected).await? {
         return Err(Error::conflict(
             "the reservation changed concurrently; retry",

@@ -225,7 +225,9 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
         // Still waiting for the same reason: only the next attempt moves.
         r.conditions = before;
     }
-    r.updated_at = now;
+    if placed {
+        r.operate("place", now);
+    }
     if store::update(&mut tx, &r, State::Pending).await? && placed {
         emit(&mut tx, &r, "reservation.placed", json!({})).await?;
     }

@@ -113,7 +113,7 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
         current.extend_started_ms = None;
         if let Ok(Some(end)) = &outcome {
             current.end_ms = *end;
-            current.updated_at = app.now_ms();
+            current.operate("extend", app.now_ms());
             store::extend_bookings(&mut tx, &r.id, *end).await?;
         }
         store::update(&mut tx, &current, state).await?;

@@ -32,7 +32,7 @@ pub async fn terminate(
     r.lease_deadline_ms = None;
     r.next_attempt_ms = None;
     r.extend_started_ms = None;
-    r.updated_at = now;
+    r.operate(reason, now);
     if !store::update(conn, r, expected).await? {
         return Ok(false);
     }
@@ -226,7 +226,7 @@ pub async fn renew(
     }
     let state = r.state;
     r.lease_deadline_ms = Some(now + lease * 1000);
-    r.updated_at = now;
+    r.operate("renew", now);
     store::update(&mut tx, &r, state).await?;
     tx.commit().await?;
     Ok(r.view())

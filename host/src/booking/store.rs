@@ -23,6 +23,16 @@ pub struct Condition {
     pub since: i64,
 }
 
+/// The last operation applied to a reservation: a method (`create`, `release`, `cancel`,
+/// `extend`, `renew`) or a transition the reconciler made (`place`, `activate`,
+/// `window-ended`, `lease-lapsed`, `confirmation-timeout`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Operation {
+    pub name: String,
+    /// Epoch milliseconds.
+    pub at: i64,
+}
+
 /// A compute reservation as stored.
 #[derive(Clone, Debug)]
 pub struct Reservation {
@@ -50,6 +60,7 @@ pub struct Reservation {
     pub confirmation_id: Option<String>,
     pub extend_started_ms: Option<i64>,
     pub next_attempt_ms: Option<i64>,
+    pub operation: Option<Operation>,
     pub created_at: i64,
     pub updated_at: i64,
     /// Units booked, in placement order (after placement).
@@ -66,6 +77,15 @@ impl Reservation {
             message,
             since: now,
         });
+    }
+
+    /// Records `name` as the last operation, at `now`.
+    pub fn operate(&mut self, name: &str, now: i64) {
+        self.operation = Some(Operation {
+            name: name.into(),
+            at: now,
+        });
+        self.updated_at = now;
     }
 
     pub fn clear_condition(&mut self, kind: &str) {
@@ -93,6 +113,7 @@ impl Reservation {
                 placed_by: self.placed_by.clone(),
             }),
             request: self.request.clone(),
+            operation: self.operation.clone(),
             created_at: self.created_at,
             updated_at: self.updated_at,
         }
@@ -137,13 +158,16 @@ pub struct ComputeReservation {
     pub placement: Option<Placement>,
     /// The request as created (without `wait`).
     pub request: CreateRequest,
+    /// The last operation applied to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Operation>,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
 const COLUMNS: &str = "id, tenant_id, pool_id, project_id, caller_key_id, idempotency_key, request, state, spot, binding,
     start_ms, end_ms, lease_seconds, lease_deadline_ms, resources, charge, conditions, reason, node_id, placed_by,
-    confirmation_id, extend_started_ms, next_attempt_ms, created_at, updated_at";
+    confirmation_id, extend_started_ms, next_attempt_ms, operation, created_at, updated_at";
 
 fn decode<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|e| anyhow::anyhow!("stored {what}: {e}").into())
@@ -179,6 +203,10 @@ fn from_row(r: &AnyRow, unit_ids: Vec<String>) -> Result<Reservation> {
         confirmation_id: r.get("confirmation_id"),
         extend_started_ms: r.get("extend_started_ms"),
         next_attempt_ms: r.get("next_attempt_ms"),
+        operation: r
+            .get::<Option<String>, _>("operation")
+            .map(|o| decode("operation", &o))
+            .transpose()?,
         created_at: r.get("created_at"),
         updated_at: r.get("updated_at"),
         unit_ids,
@@ -275,7 +303,7 @@ pub async fn page(
 pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<()> {
     sqlx::query(&format!(
         "INSERT INTO compute_reservations ({COLUMNS})
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)"
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)"
     ).replace("INSERT INTO compute_reservations (", "INSERT INTO compute_reservations (position, ")
     .replace("VALUES ($1,", "VALUES ((SELECT COALESCE(MAX(position), 0) + 1 FROM compute_reservations), $1,"))
     .bind(&r.id)
@@ -301,6 +329,7 @@ pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<(
     .bind(&r.confirmation_id)
     .bind(r.extend_started_ms)
     .bind(r.next_attempt_ms)
+    .bind(r.operation.as_ref().map(to_json))
     .bind(r.created_at)
     .bind(r.updated_at)
     .execute(conn)
@@ -322,8 +351,8 @@ pub async fn update(conn: &mut AnyConnection, r: &Reservation, expected: State) 
     let done = sqlx::query(
         "UPDATE compute_reservations SET state = $1, start_ms = $2, end_ms = $3, lease_deadline_ms = $4, resources = $5,
              charge = $6, conditions = $7, reason = $8, node_id = $9, placed_by = $10, confirmation_id = $11,
-             extend_started_ms = $12, next_attempt_ms = $13, updated_at = $14
-         WHERE id = $15 AND state = $16",
+             extend_started_ms = $12, next_attempt_ms = $13, updated_at = $14, operation = $15
+         WHERE id = $16 AND state = $17",
     )
     .bind(r.state.as_str())
     .bind(r.start_ms)
@@ -339,6 +368,7 @@ pub async fn update(conn: &mut AnyConnection, r: &Reservation, expected: State) 
     .bind(r.extend_started_ms)
     .bind(r.next_attempt_ms)
     .bind(r.updated_at)
+    .bind(r.operation.as_ref().map(to_json))
     .bind(&r.id)
     .bind(expected.as_str())
     .execute(conn)
