@@ -5,7 +5,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const PLUGINS: &[(&str, &str)] = &[("orl-placer-default", "ORL_PLACER_DEFAULT_WASM")];
+const PLUGINS: &[(&str, &str)] = &[
+    ("orl-placer-default", "ORL_PLACER_DEFAULT_WASM"),
+    ("orl-spend-guard-default", "ORL_SPEND_GUARD_DEFAULT_WASM"),
+];
 
 fn main() {
     let manifest =

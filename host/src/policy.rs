@@ -36,7 +36,9 @@ pub const DEFAULT_MEMORY_BYTES: usize = 64 << 20;
 const EPOCH_TICK: Duration = Duration::from_millis(1);
 
 /// The worlds a plugin may implement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum World {
     Placer,
@@ -156,11 +158,12 @@ pub struct PolicyHost {
     loaded: Mutex<HashMap<String, Arc<Loaded>>>,
     cache_dir: PathBuf,
     config_root: PathBuf,
-    default_placer: std::sync::OnceLock<Arc<Loaded>>,
+    defaults: std::sync::OnceLock<HashMap<World, Arc<Loaded>>>,
 }
 
 /// The default policies, built from `plugins/` for wasm32-wasip2 by the build script.
 pub const DEFAULT_PLACER_WASM: &[u8] = include_bytes!(env!("ORL_PLACER_DEFAULT_WASM"));
+pub const DEFAULT_SPEND_GUARD_WASM: &[u8] = include_bytes!(env!("ORL_SPEND_GUARD_DEFAULT_WASM"));
 
 /// `sha256:<hex>` of a component's bytes: its id.
 pub fn content_id(bytes: &[u8]) -> String {
@@ -215,18 +218,28 @@ impl PolicyHost {
             loaded: Mutex::new(HashMap::new()),
             cache_dir,
             config_root,
-            default_placer: std::sync::OnceLock::new(),
+            defaults: std::sync::OnceLock::new(),
         };
-        let default_placer = host
-            .load(DEFAULT_PLACER_WASM)
-            .map_err(|e| anyhow::anyhow!("the built-in placer: {}", e.message))?;
-        let _ = host.default_placer.set(default_placer);
+        let mut defaults = HashMap::new();
+        for bytes in [DEFAULT_PLACER_WASM, DEFAULT_SPEND_GUARD_WASM] {
+            let loaded = host
+                .load(bytes)
+                .map_err(|e| anyhow::anyhow!("a built-in policy: {}", e.message))?;
+            defaults.insert(loaded.world, loaded);
+        }
+        let _ = host.defaults.set(defaults);
         Ok(Arc::new(host))
+    }
+
+    /// The default component of `world` shipped inside the binary.
+    pub fn default_for(&self, world: World) -> Option<Arc<Loaded>> {
+        self.defaults.get().and_then(|d| d.get(&world)).cloned()
     }
 
     /// The default placement component shipped inside the binary.
     pub fn default_placer(&self) -> Arc<Loaded> {
-        self.default_placer.get().expect("loaded at start").clone()
+        self.default_for(World::Placer)
+            .expect("the built-in placer is loaded at start")
     }
 
     /// Compiles (or fetches from the caches) the component `bytes` and checks it implements
@@ -352,6 +365,46 @@ impl PolicyHost {
         Ok(store)
     }
 
+    /// Runs `call` on a fresh instance of `loaded`, turning a trap, a missed deadline or
+    /// the memory cap into a [`Failure`] of that plugin.
+    fn run<R>(
+        &self,
+        loaded: &Loaded,
+        config: Option<&serde_json::Value>,
+        deadline_ms: u64,
+        call: impl FnOnce(&mut Store<PluginState>, &InstancePre<PluginState>) -> wasmtime::Result<R>,
+    ) -> Result<R, Failure> {
+        let fail = |kind, message: String| Failure {
+            plugin_id: loaded.id.clone(),
+            kind,
+            message,
+        };
+        let mut store = self
+            .store(loaded, config, deadline_ms, DEFAULT_MEMORY_BYTES)
+            .map_err(|e| fail(FailureKind::Trap, format!("preparing the instance: {e:#}")))?;
+        call(&mut store, &loaded.pre).map_err(|err| {
+            let kind = if store.data().limits.hit {
+                FailureKind::Memory
+            } else if matches!(
+                err.downcast_ref::<wasmtime::Trap>(),
+                Some(wasmtime::Trap::Interrupt)
+            ) {
+                FailureKind::Deadline
+            } else {
+                FailureKind::Trap
+            };
+            let message = match kind {
+                FailureKind::Deadline => format!("did not answer within {deadline_ms} ms"),
+                FailureKind::Memory => format!(
+                    "exceeded its memory cap of {} MiB",
+                    DEFAULT_MEMORY_BYTES >> 20
+                ),
+                _ => format!("{err:#}").chars().take(500).collect(),
+            };
+            fail(kind, message)
+        })
+    }
+
     /// Runs the placer `loaded` on a fresh instance.
     pub fn place(
         &self,
@@ -361,47 +414,43 @@ impl PolicyHost {
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<orl_placer_default::Placement, String>, Failure> {
-        let fail = |kind, message: String| Failure {
-            plugin_id: loaded.id.clone(),
-            kind,
-            message,
-        };
-        let mut store = self
-            .store(loaded, config, deadline_ms, DEFAULT_MEMORY_BYTES)
-            .map_err(|e| fail(FailureKind::Trap, format!("preparing the instance: {e:#}")))?;
-        let pre = bindings::placer::PlacerPre::new(loaded.pre.clone())
-            .map_err(|e| fail(FailureKind::InvalidAnswer, format!("not a placer: {e:#}")))?;
-        let outcome = pre.instantiate(&mut store).and_then(|placer| {
+        let answer = self.run(loaded, config, deadline_ms, |store, pre| {
+            let placer = bindings::placer::PlacerPre::new(pre.clone())?.instantiate(&mut *store)?;
             let (req, nodes) = placer::to_wit(request, nodes);
-            placer.call_place(&mut store, &req, &nodes)
-        });
-        match outcome {
-            Ok(answer) => Ok(answer.map(|p| orl_placer_default::Placement {
-                node: p.node,
-                units: p.units,
-            })),
-            Err(err) => {
-                let kind = if store.data().limits.hit {
-                    FailureKind::Memory
-                } else if matches!(
-                    err.downcast_ref::<wasmtime::Trap>(),
-                    Some(wasmtime::Trap::Interrupt)
-                ) {
-                    FailureKind::Deadline
-                } else {
-                    FailureKind::Trap
-                };
-                let message = match kind {
-                    FailureKind::Deadline => format!("did not answer within {deadline_ms} ms"),
-                    FailureKind::Memory => format!(
-                        "exceeded its memory cap of {} MiB",
-                        DEFAULT_MEMORY_BYTES >> 20
-                    ),
-                    _ => format!("{err:#}").chars().take(500).collect(),
-                };
-                Err(fail(kind, message))
-            }
-        }
+            placer.call_place(store, &req, &nodes)
+        })?;
+        Ok(answer.map(|p| orl_placer_default::Placement {
+            node: p.node,
+            units: p.units,
+        }))
+    }
+
+    /// Runs the spend-guard `loaded` on a fresh instance: `Ok(Ok(()))` allows the charge.
+    pub fn spend(
+        &self,
+        loaded: &Loaded,
+        charge: &orl_spend_guard_default::Charge,
+        budget: &orl_spend_guard_default::Budget,
+        config: Option<&serde_json::Value>,
+        deadline_ms: u64,
+    ) -> Result<Result<(), String>, Failure> {
+        use bindings::spend_guard::orl::policy::types as wit;
+        self.run(loaded, config, deadline_ms, |store, pre| {
+            let guard =
+                bindings::spend_guard::SpendGuardPre::new(pre.clone())?.instantiate(&mut *store)?;
+            let charge = wit::Charge {
+                amount_minor: charge.amount_minor,
+                gpu_count: charge.gpu_count,
+                duration_seconds: charge.duration_seconds,
+                price_per_gpu_hour_minor: charge.price_per_gpu_hour_minor,
+            };
+            let budget = wit::Budget {
+                limit_minor: budget.limit_minor,
+                spent_minor: budget.spent_minor,
+                committed_minor: budget.committed_minor,
+            };
+            guard.call_decide(store, charge, budget)
+        })
     }
 }
 

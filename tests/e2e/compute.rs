@@ -810,6 +810,14 @@ async fn spend_limit_refuses_what_the_budget_cannot_cover(db: Db) {
         "2 x 2 h x 250 = 1000 fits exactly"
     );
     assert_eq!(w.used_gpus().await, 6);
+    let (_, metrics) = w.server.anonymous().get("/metrics").await;
+    let metrics = metrics.as_str().unwrap();
+    assert!(
+        metrics.lines().any(|l| l.contains("world=\"spend-guard\"")
+            && l.contains("outcome=\"refused\"")
+            && l.ends_with(" 1")),
+        "the built-in spend-guard component decided: {metrics}"
+    );
 }
 
 async fn sixty_four_concurrent_creates_book_exactly_the_last_eight_gpus(db: Db) {

@@ -2,7 +2,7 @@
 //! spend-guard, and quota charged together with placement.
 
 use serde_json::json;
-use sqlx::AnyConnection;
+use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
     CREATE, attributes, bookable_pool, emit, emit_placement, lock_pool, not_found, try_place,
@@ -384,9 +384,12 @@ async fn finish_draft(
     Ok(())
 }
 
-/// The spend-guard: when the pool or the offer asks for a budget check, the tenant's
-/// booked GPU time in the pool plus this request must fit the offer's budget.
+/// The spend-guard: when the pool or the offer asks for a budget check, the pool's
+/// spend-guard policy (a WebAssembly component; the built-in one refuses what the remaining
+/// budget cannot cover) decides on the charge against what the tenant has spent and has
+/// booked in the pool.
 pub(super) async fn check_budget(
+    app: &App,
     conn: &mut AnyConnection,
     pool: &Pool,
     offer: Option<&Offer>,
@@ -396,26 +399,62 @@ pub(super) async fn check_budget(
     if !(pool.policy.budget_check || offer.budget.is_some()) {
         return Ok(());
     }
-    let (Some(budget), Some(price)) = (offer.budget, offer.price_per_gpu_hour) else {
+    let (Some(limit), Some(price)) = (offer.budget, offer.price_per_gpu_hour) else {
         return Ok(());
     };
-    let booked_gpu_ms: Option<i64> = sqlx::query_scalar(
-        "SELECT CAST(SUM(b.end_ms - b.start_ms) AS BIGINT) FROM bookings b JOIN compute_reservations r ON r.id = b.reservation_id
-         WHERE r.tenant_id = $1 AND r.pool_id = $2 AND r.id <> $3",
+    let now = app.now_ms();
+    let row = sqlx::query(
+        "SELECT CAST(SUM(CASE WHEN b.end_ms <= $1 THEN b.end_ms - b.start_ms WHEN b.start_ms >= $1 THEN 0
+                             ELSE $1 - b.start_ms END) AS BIGINT) AS elapsed,
+                CAST(SUM(b.end_ms - b.start_ms) AS BIGINT) AS booked
+         FROM bookings b JOIN compute_reservations r ON r.id = b.reservation_id
+         WHERE r.tenant_id = $2 AND r.pool_id = $3 AND r.id <> $4",
     )
+    .bind(now)
     .bind(&r.tenant_id)
     .bind(&r.pool_id)
     .bind(&r.id)
     .fetch_one(&mut *conn)
     .await?;
-    let spent = cost_minor(1, booked_gpu_ms.unwrap_or(0), price);
-    let charge = cost_minor(r.request.gpu_count(), r.end_ms - r.start_ms, price);
-    if spent + charge > budget {
-        return Err(Error::SpendLimitReached(format!(
-            "the charge of {charge} would exceed the budget: {spent} of {budget} already booked"
-        )));
+    let elapsed: i64 = row.get::<Option<i64>, _>("elapsed").unwrap_or(0);
+    let booked: i64 = row.get::<Option<i64>, _>("booked").unwrap_or(0);
+    let charge = orl_spend_guard_default::Charge {
+        amount_minor: cost_minor(r.request.gpu_count(), r.end_ms - r.start_ms, price),
+        gpu_count: r.request.gpu_count().clamp(0, i64::from(u32::MAX)) as u32,
+        duration_seconds: ((r.end_ms - r.start_ms) / 1000).max(0) as u64,
+        price_per_gpu_hour_minor: price,
+    };
+    let budget = orl_spend_guard_default::Budget {
+        limit_minor: limit,
+        spent_minor: cost_minor(1, elapsed, price),
+        committed_minor: cost_minor(1, booked - elapsed, price),
+    };
+    let guard =
+        crate::policy::assignment::resolve(app, conn, &pool.id, crate::policy::World::SpendGuard)
+            .await?;
+    let outcome = tokio::task::block_in_place(|| {
+        app.policy.spend(
+            &guard.loaded,
+            &charge,
+            &budget,
+            guard.config.as_ref(),
+            guard.deadline_ms,
+        )
+    });
+    let label = match &outcome {
+        Ok(Ok(())) => "allowed",
+        Ok(Err(_)) => "refused",
+        Err(failure) => failure.kind.as_str(),
+    };
+    app.metrics
+        .observe_decision(&guard.loaded.id, "spend-guard", label);
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(reason)) => Err(Error::SpendLimitReached(reason.chars().take(500).collect())),
+        Err(_) if guard.fallback => orl_spend_guard_default::decide(&charge, &budget)
+            .map_err(|r| Error::SpendLimitReached(r.into_reason())),
+        Err(failure) => Err(Error::PolicyFailed(failure)),
     }
-    Ok(())
 }
 
 /// Charges quota and places, in one transaction: `placed`, or `pending` (`Unschedulable` or
@@ -437,7 +476,7 @@ async fn charge_and_place(
         return Ok(current);
     }
     let expected = current.state;
-    check_budget(&mut tx, pool, offer, &r).await?;
+    check_budget(app, &mut tx, pool, offer, &r).await?;
     let charge = charge_of(&r, pool, &mut tx).await?;
     let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
     if let Some(resource) =

@@ -186,7 +186,7 @@ async fn decide_extension(
     }
     let mut extra = longer.clone();
     extra.start_ms = r.end_ms;
-    check_budget(&mut conn, &pool, offer.as_ref(), &extra).await?;
+    check_budget(app, &mut conn, &pool, offer.as_ref(), &extra).await?;
     if let Some(node) = &r.node_id {
         if let Some(blocked_at) =
             store::next_booking_start(&mut conn, &r.id, node, &r.unit_ids, r.end_ms, new_end)

@@ -1,12 +1,14 @@
 //! Which plugins a pool runs, and with what deadline, config and failure behaviour. A
 //! change is one row write: decisions already running keep the plugin they started with.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::{AnyConnection, Row as _};
 
 use super::placer::WasmPlacer;
-use super::{DEFAULT_DEADLINE_MS, World, registry};
+use super::{DEFAULT_DEADLINE_MS, Loaded, World, registry};
 use crate::App;
 use crate::audit::{self, Entry};
 use crate::booking::placement::Placer;
@@ -173,16 +175,35 @@ pub async fn get(app: &App, caller: &Principal, pool_id: &str) -> Result<PoolPol
     find(&mut conn, pool_id).await
 }
 
-/// The placer a decision for `pool` runs: its assigned plugin, or the built-in default
-/// component. Resolved once per decision.
-pub async fn placer_for(
+/// A pool's plugin of one world, as resolved when a decision starts.
+pub struct Resolved {
+    pub loaded: Arc<Loaded>,
+    pub config: Option<Value>,
+    pub deadline_ms: u64,
+    /// On a plugin failure, decide with the built-in default instead of failing.
+    pub fallback: bool,
+}
+
+/// The plugin of `world` a decision for `pool_id` runs: the pool's assigned plugin, or the
+/// built-in default component. Resolved once per decision, so a swap never changes a
+/// decision already running.
+pub async fn resolve(
     app: &App,
     conn: &mut AnyConnection,
-    pool: &Pool,
-) -> Result<Box<dyn Placer>> {
-    let policies = find(conn, &pool.id).await?;
-    let loaded = match &policies.placement {
-        None => app.policy.default_placer(),
+    pool_id: &str,
+    world: World,
+) -> Result<Resolved> {
+    let policies = find(conn, pool_id).await?;
+    let assigned = match world {
+        World::Placer => &policies.placement,
+        World::Preemptor => &policies.preemption,
+        World::SpendGuard => &policies.spend_limit,
+    };
+    let loaded = match assigned {
+        None => app
+            .policy
+            .default_for(world)
+            .ok_or_else(|| anyhow::anyhow!("no built-in {} policy", world.as_str()))?,
         Some(id) => {
             let bytes = registry::bytes(conn, id)
                 .await?
@@ -194,14 +215,29 @@ pub async fn placer_for(
                 .map_err(Error::PolicyFailed)?
         }
     };
-    Ok(Box::new(WasmPlacer {
-        host: app.policy.clone(),
+    Ok(Resolved {
         loaded,
         config: policies.config,
         deadline_ms: policies
             .deadline_ms
             .map_or(DEFAULT_DEADLINE_MS, |d| d as u64),
         fallback: policies.on_policy_failure == OnPolicyFailure::Fallback,
+    })
+}
+
+/// The placer a decision for `pool` runs.
+pub async fn placer_for(
+    app: &App,
+    conn: &mut AnyConnection,
+    pool: &Pool,
+) -> Result<Box<dyn Placer>> {
+    let resolved = resolve(app, conn, &pool.id, World::Placer).await?;
+    Ok(Box::new(WasmPlacer {
+        host: app.policy.clone(),
+        loaded: resolved.loaded,
+        config: resolved.config,
+        deadline_ms: resolved.deadline_ms,
+        fallback: resolved.fallback,
         metrics: app.metrics.clone(),
     }))
 }
