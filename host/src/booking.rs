@@ -25,8 +25,6 @@ use crate::pools::{PerGpu, Sharing};
 use crate::validation;
 use crate::{Error, Result};
 
-static TENANT_ID: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^[A-Za-z0-9._:-]{1,128}$").unwrap());
 static POOL_ID: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^pool_[0-9a-hjkmnp-tv-z]{26,52}$").unwrap());
 static PROJECT_ID: LazyLock<Regex> =
@@ -58,7 +56,7 @@ pub fn check_tenant_id(value: &str) -> Result<()> {
     pattern(
         "tenantId",
         value,
-        &TENANT_ID,
+        &validation::ID,
         128,
         "^[A-Za-z0-9._:-]{1,128}$",
     )
@@ -88,7 +86,7 @@ pub fn check_idempotency_key(value: &str) -> Result<()> {
     pattern(
         "idempotencyKey",
         value,
-        &TENANT_ID,
+        &validation::ID,
         128,
         "^[A-Za-z0-9._:-]{1,128}$",
     )

@@ -6,7 +6,8 @@ use regex::Regex;
 
 use crate::{Error, Result};
 
-static ID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[A-Za-z0-9._:-]{1,128}$").unwrap());
+/// `^[A-Za-z0-9._:-]{1,128}$`: org, node, unit, tenant ids and idempotency keys.
+pub static ID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[A-Za-z0-9._:-]{1,128}$").unwrap());
 
 /// Org, node, unit and other caller-chosen ids: `^[A-Za-z0-9._:-]{1,128}$`.
 pub fn id(field: &str, value: &str) -> Result<()> {

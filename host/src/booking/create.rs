@@ -19,7 +19,6 @@ use crate::audit::{self, Entry};
 use crate::iam::confirmations;
 use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
-use crate::pools::per_gpu_share;
 use crate::pools::store::{Offer, Pool};
 use crate::{App, Error, Result};
 
@@ -271,7 +270,14 @@ async fn decide_and_place(
             }
         }
     }
-    charge_and_place(app, caller, &pool, offer.as_ref(), draft).await
+    // Quota: the devices, and host resources above the pool's per-GPU share.
+    let (_, excess) = host_resources(
+        request.gpu_count(),
+        snapshot.per_gpu_share(&pool.policy),
+        request.resources,
+    );
+    let charge = quota_charge(&request, excess);
+    charge_and_place(app, caller, &pool, offer.as_ref(), draft, charge).await
 }
 
 fn confirmation_required(r: &Reservation) -> Error {
@@ -301,23 +307,9 @@ fn new_draft(
 ) -> Result<Reservation> {
     let start = request.start.unwrap_or(now).max(now);
     let duration = request.duration.to_ms("duration")?;
-    let gpu_hosts: Vec<(i64, i64, i64)> = snapshot
-        .nodes
-        .iter()
-        .map(|n| {
-            (
-                n.host.vcpu,
-                n.host.memory_gib,
-                n.units
-                    .iter()
-                    .filter(|u| u.device_class == crate::inventory::DeviceClass::Gpu)
-                    .count() as i64,
-            )
-        })
-        .collect();
     let (resources, _) = host_resources(
         request.gpu_count(),
-        per_gpu_share(&pool.policy, &gpu_hosts),
+        snapshot.per_gpu_share(&pool.policy),
         request.resources,
     );
     let mut stored = request.clone();
@@ -465,6 +457,7 @@ async fn charge_and_place(
     pool: &Pool,
     offer: Option<&Offer>,
     mut r: Reservation,
+    charge: BTreeMap<String, i64>,
 ) -> Result<Reservation> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
@@ -477,7 +470,6 @@ async fn charge_and_place(
     }
     let expected = current.state;
     check_budget(app, &mut tx, pool, offer, &r).await?;
-    let charge = charge_of(&r, pool, &mut tx).await?;
     let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
     if let Some(resource) =
         store::apply_charge(&mut tx, &r.pool_id, &r.tenant_id, &charge, 1, Some(&limits)).await?
@@ -517,44 +509,6 @@ async fn charge_and_place(
     emit_placement(&mut tx, &r, placed, pool).await?;
     tx.commit().await?;
     Ok(r)
-}
-
-/// What the reservation charges to quota: its devices, and host resources above the
-/// pool's per-GPU share.
-async fn charge_of(
-    r: &Reservation,
-    pool: &Pool,
-    conn: &mut AnyConnection,
-) -> Result<BTreeMap<String, i64>> {
-    let snapshot = Snapshot::load(
-        conn,
-        &pool.node_ids,
-        &r.id,
-        r.start_ms,
-        r.start_ms,
-        r.start_ms,
-    )
-    .await?;
-    let gpu_hosts: Vec<(i64, i64, i64)> = snapshot
-        .nodes
-        .iter()
-        .map(|n| {
-            (
-                n.host.vcpu,
-                n.host.memory_gib,
-                n.units
-                    .iter()
-                    .filter(|u| u.device_class == crate::inventory::DeviceClass::Gpu)
-                    .count() as i64,
-            )
-        })
-        .collect();
-    let (_, excess) = host_resources(
-        r.request.gpu_count(),
-        per_gpu_share(&pool.policy, &gpu_hosts),
-        r.request.resources,
-    );
-    Ok(quota_charge(&r.request, excess))
 }
 
 async fn wait_while_pending(app: &App, id: &str, wait_ms: i64) -> Result<Reservation> {

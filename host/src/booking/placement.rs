@@ -229,6 +229,24 @@ impl Snapshot {
         })
     }
 
+    /// The per-GPU share of host resources in this pool: the policy's, or the smallest any
+    /// of its GPU hosts can give.
+    pub fn per_gpu_share(&self, policy: &crate::pools::PoolPolicy) -> Option<crate::pools::PerGpu> {
+        let gpu_hosts: Vec<(i64, i64, i64)> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let gpus = n
+                    .units
+                    .iter()
+                    .filter(|u| u.device_class == DeviceClass::Gpu)
+                    .count() as i64;
+                (n.host.vcpu, n.host.memory_gib, gpus)
+            })
+            .collect();
+        crate::pools::per_gpu_share(policy, &gpu_hosts)
+    }
+
     /// The feasible candidates for `reservation`, and the unit behind each candidate id.
     pub fn candidates(
         &self,
