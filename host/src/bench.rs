@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::booking::placement::{
-    CandidateNode, CandidateUnit, DeviceAsk, DomainLoad, NativeDefault, PlacementRequest, Placer,
+    CandidateUnit, Candidates, DeviceAsk, DomainLoad, NativeDefault, PlacementRequest, Placer,
     PolicyClass,
 };
 use crate::policy::PolicyHost;
@@ -27,40 +27,33 @@ pub struct PlacementBench {
 
 /// A snapshot of `count` nodes of 8 H100s, about half of them partly busy; every free unit
 /// is a candidate.
-pub fn snapshot(count: usize, rng: &mut StdRng) -> Vec<CandidateNode> {
-    let mut next_unit = 0u32;
-    (0..count as u32)
-        .map(|id| {
-            let busy: Vec<bool> = (0..8).map(|_| rng.random_bool(0.3)).collect();
-            let free = (0..8u32)
-                .filter(|g| !busy[*g as usize])
-                .map(|g| {
-                    next_unit += 1;
-                    CandidateUnit {
-                        id: next_unit - 1,
-                        class: PolicyClass::Gpu,
-                        model: 0,
-                        nvlink_domain: Some(g / 4),
-                        memory_gib: 80,
-                    }
-                })
-                .collect();
-            let domains = (0..2u32)
-                .map(|d| DomainLoad {
-                    domain: d,
-                    busy: (0..4).filter(|g| busy[(d * 4 + g) as usize]).count() as u32,
-                    total: 4,
-                })
-                .collect();
-            CandidateNode {
-                id,
-                busy_units: busy.iter().filter(|b| **b).count() as u32,
-                total_units: 8,
-                domains,
-                free,
-            }
-        })
-        .collect()
+pub fn snapshot(count: usize, rng: &mut StdRng) -> Candidates {
+    let mut candidates = Candidates::default();
+    for id in 0..count as u32 {
+        let busy: Vec<bool> = (0..8).map(|_| rng.random_bool(0.3)).collect();
+        let first = candidates.units.len() as u32;
+        let free: Vec<CandidateUnit> = (0..8u32)
+            .filter(|g| !busy[*g as usize])
+            .enumerate()
+            .map(|(i, g)| CandidateUnit {
+                id: first + i as u32,
+                class: PolicyClass::Gpu,
+                model: 0,
+                nvlink_domain: Some(g / 4),
+                memory_gib: 80,
+            })
+            .collect();
+        let domains: Vec<DomainLoad> = (0..2u32)
+            .map(|d| DomainLoad {
+                domain: d,
+                busy: (0..4).filter(|g| busy[(d * 4 + g) as usize]).count() as u32,
+                total: 4,
+            })
+            .collect();
+        let busy_units = busy.iter().filter(|b| **b).count() as u32;
+        candidates.push_node(id, busy_units, 8, domains, free);
+    }
+    candidates
 }
 
 /// The request stream: 1, 2, 4 or 8 GPUs; 4 with `nvlink-all` half the time (a domain holds 4).
@@ -132,7 +125,7 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
         let mut rng = StdRng::seed_from_u64(7);
         let nodes = snapshot(*count, &mut rng);
         let stream = requests(args.requests, &mut rng);
-        let candidates: usize = nodes.iter().map(|n| n.free.len()).sum();
+        let candidates = nodes.units.len();
         // Warm both paths once.
         let _ = NativeDefault.place(&stream[0], &nodes);
         let _ = host.place(&component, &stream[0], &nodes, None, 60_000);

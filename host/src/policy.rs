@@ -410,14 +410,14 @@ impl PolicyHost {
         &self,
         loaded: &Loaded,
         request: &orl_placer_default::Request,
-        nodes: &[orl_placer_default::Node],
+        candidates: &orl_placer_default::Candidates,
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<orl_placer_default::Placement, String>, Failure> {
         let answer = self.run(loaded, config, deadline_ms, |store, pre| {
             let placer = bindings::placer::PlacerPre::new(pre.clone())?.instantiate(&mut *store)?;
-            let (req, nodes) = placer::to_wit(request, nodes);
-            placer.call_place(store, &req, &nodes)
+            let (req, candidates) = placer::to_wit(request, candidates);
+            placer.call_place(store, &req, &candidates)
         })?;
         Ok(answer.map(|p| orl_placer_default::Placement {
             node: p.node,

@@ -1,4 +1,5 @@
-//! The `placer` world export: converts the WIT records to this crate's types, runs
+//! The `placer` world export: converts the WIT records to this crate's types (each node
+//! with its free units resolved from the flat `candidates.units`), runs
 //! [`crate::place`] and converts the answer back.
 
 wit_bindgen::generate!({
@@ -11,7 +12,7 @@ use orl::policy::types as wit;
 struct SpreadPlacer;
 
 impl Guest for SpreadPlacer {
-    fn place(req: wit::Request, nodes: Vec<wit::Node>) -> Result<wit::Placement, String> {
+    fn place(req: wit::Request, candidates: wit::Candidates) -> Result<wit::Placement, String> {
         let req = crate::Request {
             devices: req
                 .devices
@@ -25,23 +26,31 @@ impl Guest for SpreadPlacer {
                 .collect(),
             models: req.models,
         };
-        let nodes: Vec<crate::Node> = nodes
+        let units: Vec<crate::Unit> = candidates
+            .units
             .into_iter()
-            .map(|n| crate::Node {
-                id: n.id,
-                busy_units: n.busy_units,
-                total_units: n.total_units,
-                free: n
-                    .free
-                    .into_iter()
-                    .map(|u| crate::Unit {
-                        id: u.id,
-                        class: class(u.class),
-                        model: u.model,
-                        nvlink_domain: u.nvlink_domain,
-                        memory_gib: u.memory_gib,
-                    })
-                    .collect(),
+            .map(|u| crate::Unit {
+                id: u.id,
+                class: class(u.class),
+                model: u.model,
+                nvlink_domain: u.nvlink_domain,
+                memory_gib: u.memory_gib,
+            })
+            .collect();
+        let nodes: Vec<crate::Node> = candidates
+            .nodes
+            .into_iter()
+            .map(|n| {
+                let start = n.free.start as usize;
+                crate::Node {
+                    id: n.id,
+                    busy_units: n.busy_units,
+                    total_units: n.total_units,
+                    free: units
+                        .get(start..start + n.free.len as usize)
+                        .unwrap_or(&[])
+                        .to_vec(),
+                }
             })
             .collect();
         crate::place(&req, &nodes).map(|p| wit::Placement {

@@ -91,19 +91,19 @@ pub(super) async fn try_place(
         return Ok(false);
     }
     let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
-    let (request, nodes, index) = snapshot.candidates(r);
+    let (request, candidates, index) = snapshot.candidates(r);
     let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
     // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.
-    let (choice, decided_by) = match tokio::task::block_in_place(|| placer.place(&request, &nodes))
-    {
-        Ok(decision) => decision,
-        Err(Refusal::Unschedulable(reason)) => {
-            mark_pending(r, queued, reason, now);
-            return Ok(false);
-        }
-        Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
-    };
-    if let Err(message) = check_choice(&request, &nodes, &choice) {
+    let (choice, decided_by) =
+        match tokio::task::block_in_place(|| placer.place(&request, &candidates)) {
+            Ok(decision) => decision,
+            Err(Refusal::Unschedulable(reason)) => {
+                mark_pending(r, queued, reason, now);
+                return Ok(false);
+            }
+            Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
+        };
+    if let Err(message) = check_choice(&request, &candidates, &choice) {
         let kind = crate::policy::FailureKind::InvalidAnswer;
         return Err(Error::PolicyFailed(crate::policy::Failure {
             plugin_id: placer.id(),

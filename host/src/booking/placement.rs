@@ -17,7 +17,7 @@ use crate::node_reservations::queries::{Filter, load};
 use crate::store::{flag, placeholders};
 
 pub use orl_placer_default::{
-    DeviceClass as PolicyClass, DeviceRequest as DeviceAsk, DomainLoad, Node as CandidateNode,
+    Candidates, DeviceClass as PolicyClass, DeviceRequest as DeviceAsk, DomainLoad,
     Placement as Choice, Request as PlacementRequest, Unit as CandidateUnit,
 };
 
@@ -51,7 +51,7 @@ pub trait Placer: Send + Sync {
     fn place(
         &self,
         request: &PlacementRequest,
-        nodes: &[CandidateNode],
+        candidates: &Candidates,
     ) -> std::result::Result<(Choice, String), Refusal>;
 }
 
@@ -67,9 +67,9 @@ impl Placer for NativeDefault {
     fn place(
         &self,
         request: &PlacementRequest,
-        nodes: &[CandidateNode],
+        candidates: &Candidates,
     ) -> std::result::Result<(Choice, String), Refusal> {
-        orl_placer_default::place(request, nodes)
+        orl_placer_default::place(request, candidates)
             .map(|choice| (choice, self.id()))
             .map_err(|u| Refusal::Unschedulable(u.into_reason()))
     }
@@ -79,14 +79,20 @@ impl Placer for NativeDefault {
 /// number of distinct offered units of each class and model, NVLink domains honoured.
 pub fn check_choice(
     request: &PlacementRequest,
-    nodes: &[CandidateNode],
+    candidates: &Candidates,
     choice: &Choice,
 ) -> std::result::Result<(), String> {
-    let node = nodes
+    let node = candidates
+        .nodes
         .iter()
         .find(|n| n.id == choice.node)
         .ok_or_else(|| format!("node {} was not offered", choice.node))?;
-    let offered: HashMap<u32, &CandidateUnit> = node.free.iter().map(|u| (u.id, u)).collect();
+    let offered: HashMap<u32, &CandidateUnit> = candidates
+        .view(node)
+        .free
+        .iter()
+        .map(|u| (u.id, u))
+        .collect();
     let mut seen = HashSet::new();
     let mut chosen = Vec::new();
     for id in &choice.units {
@@ -247,11 +253,14 @@ impl Snapshot {
         crate::pools::per_gpu_share(policy, &gpu_hosts)
     }
 
-    /// The feasible candidates for `reservation`, and the unit behind each candidate id.
+    /// The feasible candidates for `reservation`, and the unit behind each candidate id
+    /// (the id is the index into both `candidates.units` and the returned list). Only
+    /// nodes with a usable unit of a requested class and room for the host resources are
+    /// candidates.
     pub fn candidates(
         &self,
         reservation: &Reservation,
-    ) -> (PlacementRequest, Vec<CandidateNode>, Vec<(usize, usize)>) {
+    ) -> (PlacementRequest, Candidates, Vec<(usize, usize)>) {
         let request = &reservation.request;
         let mut models: Vec<String> = Vec::new();
         let intern = |model: &str, models: &mut Vec<String>| -> u32 {
@@ -278,7 +287,7 @@ impl Snapshot {
             })
             .collect();
         let mut index = Vec::new();
-        let mut nodes = Vec::new();
+        let mut candidates = Candidates::default();
         for (n, node) in self.nodes.iter().enumerate() {
             if !has_room(
                 &node.host,
@@ -289,7 +298,7 @@ impl Snapshot {
             }
             let mut domains: Vec<String> = Vec::new();
             let mut loads: BTreeMap<u32, DomainLoad> = BTreeMap::new();
-            let mut free = Vec::new();
+            let first_unit = candidates.units.len();
             let mut busy_units = 0;
             for (u, unit) in node.units.iter().enumerate() {
                 let domain = unit.nvlink_domain.as_deref().map(|d| {
@@ -321,7 +330,7 @@ impl Snapshot {
                     && request.devices.iter().any(|d| matches(d, unit))
                     && may_place(&reservation.tenant_id, &unit.id, claims, reservation.spot);
                 if usable {
-                    free.push(CandidateUnit {
+                    candidates.units.push(CandidateUnit {
                         id: index.len() as u32,
                         class: policy_class(unit.device_class),
                         model: intern(&unit.model, &mut models),
@@ -331,13 +340,18 @@ impl Snapshot {
                     index.push((n, u));
                 }
             }
-            if !free.is_empty() {
-                nodes.push(CandidateNode {
+            let free = candidates.units.len() - first_unit;
+            if free > 0 {
+                let domains = Candidates::extend(&mut candidates.domains, loads.into_values());
+                candidates.nodes.push(orl_placer_default::Node {
                     id: n as u32,
                     busy_units,
                     total_units: node.units.len() as u32,
-                    domains: loads.into_values().collect(),
-                    free,
+                    domains,
+                    free: orl_placer_default::Span {
+                        start: first_unit as u32,
+                        len: free as u32,
+                    },
                 });
             }
         }
@@ -347,7 +361,7 @@ impl Snapshot {
             duration_seconds: ((reservation.end_ms - reservation.start_ms) / 1000).max(0) as u64,
             models,
         };
-        (placement_request, nodes, index)
+        (placement_request, candidates, index)
     }
 }
 
@@ -384,14 +398,12 @@ mod tests {
         }
     }
 
-    fn node(id: u32, units: Vec<CandidateUnit>) -> CandidateNode {
-        CandidateNode {
-            id,
-            busy_units: 0,
-            total_units: 8,
-            domains: vec![],
-            free: units,
+    fn candidates(nodes: Vec<Vec<CandidateUnit>>) -> Candidates {
+        let mut candidates = Candidates::default();
+        for (id, units) in nodes.into_iter().enumerate() {
+            candidates.push_node(id as u32, 0, 8, [], units);
         }
+        candidates
     }
 
     fn ask(count: u32, nvlink_all: bool) -> PlacementRequest {
@@ -410,10 +422,10 @@ mod tests {
 
     #[test]
     fn the_native_default_keeps_nvlink_all_in_one_domain() {
-        let nodes = vec![
-            node(0, vec![unit(0, 0), unit(1, 1), unit(2, 1)]),
-            node(1, vec![unit(3, 0), unit(4, 0)]),
-        ];
+        let nodes = candidates(vec![
+            vec![unit(0, 0), unit(1, 1), unit(2, 1)],
+            vec![unit(3, 0), unit(4, 0)],
+        ]);
         let (choice, _) = NativeDefault.place(&ask(2, true), &nodes).unwrap();
         assert!(check_choice(&ask(2, true), &nodes, &choice).is_ok());
         assert!(matches!(
@@ -424,7 +436,7 @@ mod tests {
 
     #[test]
     fn answers_with_unknown_duplicate_or_wrong_units_are_refused() {
-        let nodes = vec![node(0, vec![unit(0, 0), unit(1, 0), unit(2, 1)])];
+        let nodes = candidates(vec![vec![unit(0, 0), unit(1, 0), unit(2, 1)]]);
         let req = ask(2, true);
         assert!(
             check_choice(

@@ -8,8 +8,7 @@ use serde_json::Value;
 use super::bindings::placer::orl::policy::types as wit;
 use super::{Failure, FailureKind, Loaded, PolicyHost};
 use crate::booking::placement::{
-    CandidateNode, Choice, NativeDefault, PlacementRequest, Placer, PolicyClass, Refusal,
-    check_choice,
+    Candidates, Choice, NativeDefault, PlacementRequest, Placer, PolicyClass, Refusal, check_choice,
 };
 use crate::metrics::Metrics;
 
@@ -33,19 +32,19 @@ impl Placer for WasmPlacer {
     fn place(
         &self,
         request: &PlacementRequest,
-        nodes: &[CandidateNode],
+        candidates: &Candidates,
     ) -> Result<(Choice, String), Refusal> {
         let outcome = self
             .host
             .place(
                 &self.loaded,
                 request,
-                nodes,
+                candidates,
                 self.config.as_ref(),
                 self.deadline_ms,
             )
             .and_then(|answer| match answer {
-                Ok(choice) => check_choice(request, nodes, &choice)
+                Ok(choice) => check_choice(request, candidates, &choice)
                     .map(|()| Ok(choice))
                     .map_err(|message| Failure {
                         plugin_id: self.loaded.id.clone(),
@@ -70,7 +69,7 @@ impl Placer for WasmPlacer {
                     .observe_decision(&self.loaded.id, "placer", failure.kind.as_str());
                 tracing::warn!(plugin = %failure.plugin_id, kind = failure.kind.as_str(), message = %failure.message, "placement plugin failed");
                 if self.fallback {
-                    let (choice, native) = NativeDefault.place(request, nodes)?;
+                    let (choice, native) = NativeDefault.place(request, candidates)?;
                     Ok((
                         choice,
                         format!(
@@ -98,11 +97,16 @@ fn class(class: PolicyClass) -> wit::DeviceClass {
     }
 }
 
-/// The records of one call, as the component takes them.
+/// The records of one call, as the component takes them: a few flat lists, whatever the
+/// number of candidates.
 pub(super) fn to_wit(
     request: &PlacementRequest,
-    nodes: &[CandidateNode],
-) -> (wit::Request, Vec<wit::Node>) {
+    candidates: &Candidates,
+) -> (wit::Request, wit::Candidates) {
+    let span = |s: orl_placer_default::Span| wit::Span {
+        start: s.start,
+        len: s.len,
+    };
     let request = wit::Request {
         devices: request
             .devices
@@ -118,33 +122,38 @@ pub(super) fn to_wit(
         duration_seconds: request.duration_seconds,
         models: request.models.clone(),
     };
-    let nodes = nodes
-        .iter()
-        .map(|n| wit::Node {
-            id: n.id,
-            busy_units: n.busy_units,
-            total_units: n.total_units,
-            domains: n
-                .domains
-                .iter()
-                .map(|d| wit::DomainLoad {
-                    domain: d.domain,
-                    busy: d.busy,
-                    total: d.total,
-                })
-                .collect(),
-            free: n
-                .free
-                .iter()
-                .map(|u| wit::Unit {
-                    id: u.id,
-                    class: class(u.class),
-                    model: u.model,
-                    nvlink_domain: u.nvlink_domain,
-                    memory_gib: u.memory_gib,
-                })
-                .collect(),
-        })
-        .collect();
-    (request, nodes)
+    let candidates = wit::Candidates {
+        nodes: candidates
+            .nodes
+            .iter()
+            .map(|n| wit::Node {
+                id: n.id,
+                busy_units: n.busy_units,
+                total_units: n.total_units,
+                domains: span(n.domains),
+                free: span(n.free),
+            })
+            .collect(),
+        units: candidates
+            .units
+            .iter()
+            .map(|u| wit::Unit {
+                id: u.id,
+                class: class(u.class),
+                model: u.model,
+                nvlink_domain: u.nvlink_domain,
+                memory_gib: u.memory_gib,
+            })
+            .collect(),
+        domains: candidates
+            .domains
+            .iter()
+            .map(|d| wit::DomainLoad {
+                domain: d.domain,
+                busy: d.busy,
+                total: d.total,
+            })
+            .collect(),
+    };
+    (request, candidates)
 }

@@ -12,10 +12,9 @@ use orl::policy::types as wit;
 struct DefaultPlacer;
 
 impl Guest for DefaultPlacer {
-    fn place(req: wit::Request, nodes: Vec<wit::Node>) -> Result<wit::Placement, String> {
+    fn place(req: wit::Request, candidates: wit::Candidates) -> Result<wit::Placement, String> {
         let req = request(req);
-        let nodes: Vec<crate::Node> = nodes.into_iter().map(node).collect();
-        match crate::place(&req, &nodes) {
+        match crate::place(&req, &self::candidates(candidates)) {
             Ok(placement) => Ok(wit::Placement {
                 node: placement.node,
                 units: placement.units,
@@ -51,12 +50,28 @@ fn unit(unit: wit::Unit) -> crate::Unit {
     }
 }
 
-fn node(node: wit::Node) -> crate::Node {
-    crate::Node {
-        id: node.id,
-        busy_units: node.busy_units,
-        total_units: node.total_units,
-        domains: node
+fn span(span: wit::Span) -> crate::Span {
+    crate::Span {
+        start: span.start,
+        len: span.len,
+    }
+}
+
+fn candidates(candidates: wit::Candidates) -> crate::Candidates {
+    crate::Candidates {
+        nodes: candidates
+            .nodes
+            .into_iter()
+            .map(|n| crate::Node {
+                id: n.id,
+                busy_units: n.busy_units,
+                total_units: n.total_units,
+                domains: span(n.domains),
+                free: span(n.free),
+            })
+            .collect(),
+        units: candidates.units.into_iter().map(unit).collect(),
+        domains: candidates
             .domains
             .into_iter()
             .map(|d| crate::DomainLoad {
@@ -65,7 +80,6 @@ fn node(node: wit::Node) -> crate::Node {
                 total: d.total,
             })
             .collect(),
-        free: node.free.into_iter().map(unit).collect(),
     }
 }
 

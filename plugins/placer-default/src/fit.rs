@@ -3,7 +3,7 @@
 
 use std::cmp::Reverse;
 
-use crate::{DeviceRequest, Node, Placement, Request, Unit};
+use crate::{DeviceRequest, NodeView, Placement, Request, Unit};
 
 /// The most domain choices tried for the `nvlink_all` entries of one request on one node.
 /// Requests with one or two such entries never come near it; beyond it the node counts as
@@ -31,7 +31,7 @@ pub(crate) struct Score {
 }
 
 /// The best placement of `req` on `node`, or `None` when it does not fit there.
-pub(crate) fn best_on(req: &Request, node: &Node) -> Option<Fit> {
+pub(crate) fn best_on(req: &Request, node: &NodeView<'_>) -> Option<Fit> {
     let mut units: Vec<&Unit> = node.free.iter().collect();
     units.sort_by_key(|u| u.id);
     let mut search = Search {
@@ -98,7 +98,7 @@ fn entry_order(req: &Request) -> Vec<usize> {
 
 struct Search<'a> {
     req: &'a Request,
-    node: &'a Node,
+    node: &'a NodeView<'a>,
     /// The node's free units, by ascending id.
     units: Vec<&'a Unit>,
     /// Whether `units[i]` is already taken by an entry.

@@ -97,7 +97,26 @@ pub struct DomainLoad {
     pub total: u32,
 }
 
-/// A candidate node with the units the request may take on it (WIT `node`).
+/// A run of consecutive entries of a [`Candidates`] list (WIT `span`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    /// Index of the first entry.
+    pub start: u32,
+    /// Number of entries.
+    pub len: u32,
+}
+
+impl Span {
+    /// The entries of `list` this span covers; empty when it reaches past the end.
+    pub fn of<T>(self, list: &[T]) -> &[T] {
+        let start = self.start as usize;
+        list.get(start..start.saturating_add(self.len as usize))
+            .unwrap_or(&[])
+    }
+}
+
+/// A candidate node (WIT `node`): its load, and its domains and free units as runs of the
+/// [`Candidates`] lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
     /// The host's index for the node, unique within one call.
@@ -106,13 +125,88 @@ pub struct Node {
     pub busy_units: u32,
     /// All units of the node.
     pub total_units: u32,
-    /// The load of each NVLink domain; a domain missing here counts as idle.
-    pub domains: Vec<DomainLoad>,
-    /// The units the request may take.
-    pub free: Vec<Unit>,
+    /// The load of each NVLink domain, in [`Candidates::domains`]; a domain missing there
+    /// counts as idle.
+    pub domains: Span,
+    /// The units the request may take, in [`Candidates::units`].
+    pub free: Span,
 }
 
-impl Node {
+/// Everything the host found for one request, as three flat lists (WIT `candidates`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Candidates {
+    /// The candidate nodes.
+    pub nodes: Vec<Node>,
+    /// Every unit of the call.
+    pub units: Vec<Unit>,
+    /// The domain loads of every node.
+    pub domains: Vec<DomainLoad>,
+}
+
+impl Candidates {
+    /// Appends node `id` with its domain loads and free units (ids kept as given).
+    pub fn push_node(
+        &mut self,
+        id: u32,
+        busy_units: u32,
+        total_units: u32,
+        domains: impl IntoIterator<Item = DomainLoad>,
+        free: impl IntoIterator<Item = Unit>,
+    ) {
+        let domains = Self::extend(&mut self.domains, domains);
+        let free = Self::extend(&mut self.units, free);
+        self.nodes.push(Node {
+            id,
+            busy_units,
+            total_units,
+            domains,
+            free,
+        });
+    }
+
+    /// Appends `items` to `list`, answering the span they take.
+    pub fn extend<T>(list: &mut Vec<T>, items: impl IntoIterator<Item = T>) -> Span {
+        let start = list.len();
+        list.extend(items);
+        Span {
+            start: start as u32,
+            len: (list.len() - start) as u32,
+        }
+    }
+
+    /// `node` with its runs resolved.
+    pub fn view<'a>(&'a self, node: &'a Node) -> NodeView<'a> {
+        NodeView {
+            id: node.id,
+            busy_units: node.busy_units,
+            total_units: node.total_units,
+            domains: node.domains.of(&self.domains),
+            free: node.free.of(&self.units),
+        }
+    }
+
+    /// Every node with its runs resolved, in order.
+    pub fn views(&self) -> impl Iterator<Item = NodeView<'_>> {
+        self.nodes.iter().map(|n| self.view(n))
+    }
+}
+
+/// A candidate node with its domain loads and free units borrowed from [`Candidates`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeView<'a> {
+    /// The host's index for the node.
+    pub id: u32,
+    /// Units of the node booked at some point of the window.
+    pub busy_units: u32,
+    /// All units of the node.
+    pub total_units: u32,
+    /// The load of each NVLink domain; a domain missing here counts as idle.
+    pub domains: &'a [DomainLoad],
+    /// The units the request may take.
+    pub free: &'a [Unit],
+}
+
+impl NodeView<'_> {
     /// Busy units of `domain` as reported by the host, `0` when it is not reported.
     pub fn domain_busy(&self, domain: u32) -> u32 {
         self.domains
@@ -218,24 +312,24 @@ impl std::error::Error for Unschedulable {}
 /// Places `req` on the best of `nodes` by the rules in the crate documentation.
 ///
 /// An `Ok` placement satisfies every rule of the WIT `placement` record: exactly
-/// [`Request::unit_count`] distinct ids, all from the chosen node's `free` list, listed
+/// [`Request::unit_count`] distinct ids, all from the chosen node's `free` units, listed
 /// entry by entry, each of its entry's class and model, and one domain per `nvlink_all`
 /// entry. `Err` carries a reason naming what no node has.
-pub fn place(req: &Request, nodes: &[Node]) -> Result<Placement, Unschedulable> {
+pub fn place(req: &Request, candidates: &Candidates) -> Result<Placement, Unschedulable> {
     if req.unit_count() == 0 {
         return Err(Unschedulable::new("the request asks for no devices"));
     }
-    nodes
-        .iter()
-        .filter_map(|node| fit::best_on(req, node))
+    candidates
+        .views()
+        .filter_map(|node| fit::best_on(req, &node))
         .min_by(|a, b| a.score.cmp(&b.score))
         .map(|fit| fit.placement)
-        .ok_or_else(|| Unschedulable::new(reason::no_node_fits(req, nodes)))
+        .ok_or_else(|| Unschedulable::new(reason::no_node_fits(req, candidates)))
 }
 
 /// The placement [`place`] would choose for `req` if `node` were the only candidate, or
 /// `None` when the request does not fit on it. A request for no devices fits nowhere.
-pub fn place_on(req: &Request, node: &Node) -> Option<Placement> {
+pub fn place_on(req: &Request, node: &NodeView<'_>) -> Option<Placement> {
     if req.unit_count() == 0 {
         return None;
     }

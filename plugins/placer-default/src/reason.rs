@@ -1,12 +1,12 @@
 //! Reasons for unschedulable requests, written for the person who made the request.
 
-use crate::{DeviceRequest, Node, Request, fit};
+use crate::{Candidates, DeviceRequest, Request, fit};
 
 /// Why no node holds `req`: the first entry that no node holds even on its own, or, when
 /// each entry fits somewhere, all of them together.
-pub(crate) fn no_node_fits(req: &Request, nodes: &[Node]) -> String {
+pub(crate) fn no_node_fits(req: &Request, candidates: &Candidates) -> String {
     let wanted: Vec<&DeviceRequest> = req.devices.iter().filter(|d| d.count > 0).collect();
-    if nodes.is_empty() {
+    if candidates.nodes.is_empty() {
         return format!("no node has {}: no candidate nodes", all_of(req, &wanted));
     }
     if wanted.len() > 1 {
@@ -15,7 +15,10 @@ pub(crate) fn no_node_fits(req: &Request, nodes: &[Node]) -> String {
                 devices: vec![(*entry).clone()],
                 ..req.clone()
             };
-            if nodes.iter().all(|n| fit::best_on(&alone, n).is_none()) {
+            if candidates
+                .views()
+                .all(|n| fit::best_on(&alone, &n).is_none())
+            {
                 return format!("no node has {}", describe(req, entry));
             }
         }

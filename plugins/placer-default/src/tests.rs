@@ -19,11 +19,20 @@ fn h100s(ids: std::ops::Range<u32>, domain: u32) -> Vec<Unit> {
         .collect()
 }
 
-fn node(id: u32, busy_units: u32, domains: &[(u32, u32, u32)], free: Vec<Unit>) -> Node {
-    Node {
+/// A candidate node written out whole; the tests flatten a list of them into
+/// [`Candidates`] as the host does.
+#[derive(Clone)]
+struct TestNode {
+    id: u32,
+    busy_units: u32,
+    domains: Vec<DomainLoad>,
+    free: Vec<Unit>,
+}
+
+fn node(id: u32, busy_units: u32, domains: &[(u32, u32, u32)], free: Vec<Unit>) -> TestNode {
+    TestNode {
         id,
         busy_units,
-        total_units: 16,
         domains: domains
             .iter()
             .map(|&(domain, busy, total)| DomainLoad {
@@ -34,6 +43,19 @@ fn node(id: u32, busy_units: u32, domains: &[(u32, u32, u32)], free: Vec<Unit>) 
             .collect(),
         free,
     }
+}
+
+fn candidates(nodes: &[TestNode]) -> Candidates {
+    let mut candidates = Candidates::default();
+    for n in nodes {
+        candidates.push_node(n.id, n.busy_units, 16, n.domains.clone(), n.free.clone());
+    }
+    candidates
+}
+
+/// [`super::place`] over `nodes` flattened.
+fn place(req: &Request, nodes: &[TestNode]) -> Result<Placement, Unschedulable> {
+    super::place(req, &candidates(nodes))
 }
 
 fn gpus(count: u32, nvlink_all: bool) -> DeviceRequest {
@@ -380,7 +402,8 @@ fn a_request_for_nothing_is_refused() {
     let err = place(&request(vec![gpus(0, true)]), &nodes).unwrap_err();
 
     assert_eq!(err.reason(), "the request asks for no devices");
-    assert_eq!(place_on(&request(vec![]), &nodes[0]), None);
+    let flat = candidates(&nodes);
+    assert_eq!(place_on(&request(vec![]), &flat.view(&flat.nodes[0])), None);
 }
 
 #[test]
@@ -460,8 +483,10 @@ fn place_on_agrees_with_place_for_a_single_node() {
     let candidate = node(4, 3, &[(0, 1, 4), (1, 2, 7)], free);
     let req = request(vec![gpus(2, false), gpus(3, true)]);
 
+    let flat = candidates(std::slice::from_ref(&candidate));
+
     assert_eq!(
-        place_on(&req, &candidate),
+        place_on(&req, &flat.view(&flat.nodes[0])),
         Some(place(&req, std::slice::from_ref(&candidate)).unwrap())
     );
 }
@@ -480,7 +505,7 @@ impl Lcg {
 }
 
 /// Checks every rule of the WIT `placement` record.
-fn assert_valid(req: &Request, nodes: &[Node], placement: &Placement) {
+fn assert_valid(req: &Request, nodes: &[TestNode], placement: &Placement) {
     let node = nodes
         .iter()
         .find(|n| n.id == placement.node)
@@ -515,7 +540,7 @@ fn every_placement_keeps_the_placement_rules() {
     let mut placed = 0;
     for _ in 0..500 {
         let mut next_id = 0;
-        let nodes: Vec<Node> = (0..1 + rng.below(4))
+        let nodes: Vec<TestNode> = (0..1 + rng.below(4))
             .map(|id| {
                 let domains = rng.below(3);
                 let free = (0..rng.below(12))

@@ -1,4 +1,5 @@
-//! The `preemptor` world export: converts the WIT records to this crate's types, runs
+//! The `preemptor` world export: converts the WIT records to this crate's types (nodes
+//! and bookings with their units resolved from the flat candidate lists), runs
 //! [`crate::choose_victims`] and converts the answer back.
 
 wit_bindgen::generate!({
@@ -14,17 +15,37 @@ struct DefaultPreemptor;
 impl Guest for DefaultPreemptor {
     fn choose_victims(
         req: wit::Request,
-        nodes: Vec<wit::Node>,
+        candidates: wit::Candidates,
         spot: Vec<wit::SpotBooking>,
     ) -> Result<Vec<u32>, String> {
         let req = request(req);
-        let nodes: Vec<crate::Node> = nodes.into_iter().map(node).collect();
+        let units: Vec<crate::Unit> = candidates.units.into_iter().map(unit).collect();
+        let domains: Vec<crate::DomainLoad> = candidates
+            .domains
+            .into_iter()
+            .map(|d| crate::DomainLoad {
+                domain: d.domain,
+                busy: d.busy,
+                total: d.total,
+            })
+            .collect();
+        let nodes: Vec<crate::Node> = candidates
+            .nodes
+            .into_iter()
+            .map(|n| crate::Node {
+                id: n.id,
+                busy_units: n.busy_units,
+                total_units: n.total_units,
+                domains: run(&domains, n.domains).to_vec(),
+                free: run(&units, n.free).to_vec(),
+            })
+            .collect();
         let spot: Vec<crate::SpotBooking> = spot
             .into_iter()
             .map(|b| crate::SpotBooking {
                 id: b.id,
                 node: b.node,
-                units: b.units.into_iter().map(unit).collect(),
+                units: run(&units, b.units).to_vec(),
                 elapsed_seconds: b.elapsed_seconds,
                 started_at_ms: b.started_at_ms,
             })
@@ -34,6 +55,13 @@ impl Guest for DefaultPreemptor {
             unsatisfiable.into_reason()
         })
     }
+}
+
+/// The entries of `list` that `span` covers; empty when it reaches past the end.
+fn run<T>(list: &[T], span: wit::Span) -> &[T] {
+    let start = span.start as usize;
+    list.get(start..start.saturating_add(span.len as usize))
+        .unwrap_or(&[])
 }
 
 export!(DefaultPreemptor);
@@ -56,24 +84,6 @@ fn unit(unit: wit::Unit) -> crate::Unit {
         model: unit.model,
         nvlink_domain: unit.nvlink_domain,
         memory_gib: unit.memory_gib,
-    }
-}
-
-fn node(node: wit::Node) -> crate::Node {
-    crate::Node {
-        id: node.id,
-        busy_units: node.busy_units,
-        total_units: node.total_units,
-        domains: node
-            .domains
-            .into_iter()
-            .map(|d| crate::DomainLoad {
-                domain: d.domain,
-                busy: d.busy,
-                total: d.total,
-            })
-            .collect(),
-        free: node.free.into_iter().map(unit).collect(),
     }
 }
 

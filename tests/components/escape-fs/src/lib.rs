@@ -6,7 +6,7 @@
 //! sees the leak in the decision's reason. If every attempt fails, as it must, it places the
 //! request normally (first fit).
 
-use placer_fixture::{CONFIG_DIR, Guest, Level, Node, Placement, Request, first_fit, log};
+use placer_fixture::{CONFIG_DIR, Candidates, Guest, Level, Placement, Request, first_fit, log};
 
 const FILES: &[&str] = &[
     "/etc/passwd",
@@ -24,7 +24,7 @@ const DIRS: &[&str] = &["/", "/config/..", "..", "."];
 struct EscapeFs;
 
 impl Guest for EscapeFs {
-    fn place(req: Request, nodes: Vec<Node>) -> Result<Placement, String> {
+    fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         for path in FILES {
             match std::fs::read(path) {
                 Ok(bytes) => {
@@ -46,7 +46,7 @@ impl Guest for EscapeFs {
                 return Err(format!("ESCAPED: {dir}: {}", leaked.join(" ")));
             }
         }
-        first_fit(&req, &nodes)
+        first_fit(&req, &candidates)
     }
 }
 

@@ -13,17 +13,18 @@
 //!
 //! With no valid placement to break it answers `err`.
 
-use placer_fixture::{Guest, Node, Placement, Request, first_fit};
+use placer_fixture::{Candidates, Guest, Placement, Request, first_fit, free};
 
 struct InvalidAnswer;
 
 impl Guest for InvalidAnswer {
-    fn place(req: Request, nodes: Vec<Node>) -> Result<Placement, String> {
-        let valid = first_fit(&req, &nodes)
+    fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
+        let valid = first_fit(&req, &candidates)
             .map_err(|_| "invalid-answer fixture: no valid placement to break".to_string())?;
-        let never_offered = nodes
+        let never_offered = candidates
+            .units
             .iter()
-            .flat_map(|n| n.free.iter().map(|u| u.id))
+            .map(|u| u.id)
             .max()
             .unwrap_or(0)
             .wrapping_add(1000);
@@ -42,7 +43,8 @@ impl Guest for InvalidAnswer {
                 }
                 valid.node
             }
-            3 => nodes
+            3 => candidates
+                .nodes
                 .iter()
                 .map(|n| n.id)
                 .find(|&id| id != valid.node)
@@ -51,7 +53,8 @@ impl Guest for InvalidAnswer {
                 units.pop();
                 valid.node
             }
-            5 => nodes
+            5 => candidates
+                .nodes
                 .iter()
                 .map(|n| n.id)
                 .max()
@@ -59,9 +62,9 @@ impl Guest for InvalidAnswer {
                 .wrapping_add(1000),
             6 => {
                 let entry = req.devices.iter().find(|d| d.count > 0);
-                let home = nodes.iter().find(|n| n.id == valid.node);
+                let home = candidates.nodes.iter().find(|n| n.id == valid.node);
                 let mismatch = entry.zip(home).and_then(|(entry, home)| {
-                    home.free.iter().find(|u| {
+                    free(&candidates, home).iter().find(|u| {
                         u.class != entry.class || entry.model.is_some_and(|m| m != u.model)
                     })
                 });

@@ -1,12 +1,12 @@
 //! A placer that never returns: `place` spins forever without allocating or calling the
 //! host. Only the host's per-call deadline (epoch interruption) stops it.
 
-use placer_fixture::{Guest, Node, Placement, Request};
+use placer_fixture::{Candidates, Guest, Placement, Request};
 
 struct LoopForever;
 
 impl Guest for LoopForever {
-    fn place(_req: Request, _nodes: Vec<Node>) -> Result<Placement, String> {
+    fn place(_req: Request, _candidates: Candidates) -> Result<Placement, String> {
         let mut spins: u64 = 0;
         loop {
             spins = std::hint::black_box(spins.wrapping_add(1));

@@ -8,12 +8,12 @@
 use std::net::{TcpStream, UdpSocket};
 use std::time::Duration;
 
-use placer_fixture::{Guest, Level, Node, Placement, Request, first_fit, log};
+use placer_fixture::{Candidates, Guest, Level, Placement, Request, first_fit, log};
 
 struct OpenSocket;
 
 impl Guest for OpenSocket {
-    fn place(req: Request, nodes: Vec<Node>) -> Result<Placement, String> {
+    fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         let target = "127.0.0.1:5432".parse().expect("a socket address");
         match TcpStream::connect_timeout(&target, Duration::from_millis(200)) {
             Ok(_) => return Err("SOCKET: connected".to_string()),
@@ -23,7 +23,7 @@ impl Guest for OpenSocket {
             Ok(_) => return Err("SOCKET: sent a UDP datagram".to_string()),
             Err(err) => log(Level::Debug, &format!("open-socket: udp: {err}")),
         }
-        first_fit(&req, &nodes)
+        first_fit(&req, &candidates)
     }
 }
 

@@ -4,12 +4,12 @@
 //! `err("CONFIG UNREADABLE: <error>")` when it cannot. It also tries to write beside it and
 //! answers `err("CONFIG WRITABLE")` if that works, since the directory must be read-only.
 
-use placer_fixture::{CONFIG_DIR, Guest, Node, Placement, Request};
+use placer_fixture::{CONFIG_DIR, Candidates, Guest, Placement, Request};
 
 struct ReadConfig;
 
 impl Guest for ReadConfig {
-    fn place(_req: Request, _nodes: Vec<Node>) -> Result<Placement, String> {
+    fn place(_req: Request, _candidates: Candidates) -> Result<Placement, String> {
         if std::fs::write(format!("{CONFIG_DIR}/written-by-plugin"), b"x").is_ok() {
             return Err("CONFIG WRITABLE".to_string());
         }

@@ -2,19 +2,19 @@
 //! answers `err("ENV: <name>")`; otherwise, as it must be, it places the request normally
 //! (first fit).
 
-use placer_fixture::{Guest, Node, Placement, Request, first_fit};
+use placer_fixture::{Candidates, Guest, Placement, Request, first_fit};
 
 struct ReadEnv;
 
 impl Guest for ReadEnv {
-    fn place(req: Request, nodes: Vec<Node>) -> Result<Placement, String> {
+    fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         if let Some((name, _)) = std::env::vars_os().next() {
             return Err(format!("ENV: {}", name.to_string_lossy()));
         }
         if let Some(arg) = std::env::args_os().next() {
             return Err(format!("ENV: argument {}", arg.to_string_lossy()));
         }
-        first_fit(&req, &nodes)
+        first_fit(&req, &candidates)
     }
 }
 
