@@ -7,6 +7,7 @@ use std::process::Command;
 
 const PLUGINS: &[(&str, &str)] = &[
     ("orl-placer-default", "ORL_PLACER_DEFAULT_WASM"),
+    ("orl-preemptor-default", "ORL_PREEMPTOR_DEFAULT_WASM"),
     ("orl-spend-guard-default", "ORL_SPEND_GUARD_DEFAULT_WASM"),
 ];
 

@@ -11,6 +11,7 @@ pub mod extend;
 pub mod lifecycle;
 pub mod list;
 pub mod placement;
+pub mod preempt;
 pub mod store;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,8 @@
 pub mod actions;
 pub mod queries;
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
 use crate::iam::{OPS_ORG, Permission, Principal};
@@ -141,6 +143,34 @@ pub fn may_manage_capacity(caller: &Principal, node_owner: &str, reservation: &R
         && (caller.acts_for(node_owner) || reservation.managed_by(&caller.org_id))
 }
 
+/// The units of a node whose spot work `org` may terminate: every unit for the node's
+/// owner (and platform operators); for an org managing reservations on the node, the
+/// released units of those that are active and inside their term; `None` when it reaches
+/// nothing there.
+pub fn spot_reach(org: &str, node_owner: &str, on_node: &[Rights]) -> Option<Reach> {
+    if org == node_owner || org == OPS_ORG {
+        return Some(Reach::Node);
+    }
+    let units: BTreeSet<String> = on_node
+        .iter()
+        .filter(|r| r.managed_by(org))
+        .flat_map(|r| r.released_unit_ids.iter().cloned())
+        .collect();
+    on_node
+        .iter()
+        .any(|r| r.managed_by(org))
+        .then_some(Reach::Units(units))
+}
+
+/// What [`spot_reach`] allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Every unit of the node.
+    Node,
+    /// Only these units.
+    Units(BTreeSet<String>),
+}
+
 /// How an org may use one unit now.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -240,6 +270,48 @@ mod tests {
             permissions: role.permissions(),
             agent: false,
         }
+    }
+
+    #[test]
+    fn the_node_owner_reaches_every_unit_a_manager_only_released_units_of_active_reservations() {
+        let on_node = [
+            rights(Status::Active, &["u1"]),
+            Rights {
+                id: "nrsv_2".into(),
+                ..rights(Status::Active, &["u5", "u6"])
+            },
+        ];
+        assert_eq!(spot_reach("owner", "owner", &on_node), Some(Reach::Node));
+        assert_eq!(spot_reach(OPS_ORG, "owner", &on_node), Some(Reach::Node));
+        assert_eq!(
+            spot_reach("broker", "owner", &on_node),
+            Some(Reach::Units(
+                ["u1", "u5", "u6"].iter().map(|u| u.to_string()).collect()
+            ))
+        );
+        assert_eq!(spot_reach("tenant-a", "owner", &on_node), None);
+        assert_eq!(spot_reach("stranger", "owner", &on_node), None);
+    }
+
+    #[test]
+    fn a_manager_reaches_nothing_through_a_reservation_out_of_term_or_in_review() {
+        for status in [
+            Status::Pending,
+            Status::Expired,
+            Status::NeedsReview,
+            Status::Cancelled,
+        ] {
+            assert_eq!(
+                spot_reach("broker", "owner", &[rights(status, &["u1"])]),
+                None,
+                "{status:?}"
+            );
+        }
+        assert_eq!(
+            spot_reach("broker", "owner", &[rights(Status::Active, &[])]),
+            Some(Reach::Units(BTreeSet::new())),
+            "managing an active reservation with nothing released reaches no unit"
+        );
     }
 
     #[test]

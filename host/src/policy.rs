@@ -164,6 +164,8 @@ pub struct PolicyHost {
 /// The default policies, built from `plugins/` for wasm32-wasip2 by the build script.
 pub const DEFAULT_PLACER_WASM: &[u8] = include_bytes!(env!("ORL_PLACER_DEFAULT_WASM"));
 pub const DEFAULT_SPEND_GUARD_WASM: &[u8] = include_bytes!(env!("ORL_SPEND_GUARD_DEFAULT_WASM"));
+/// The default preemption component (`plugins/preemptor-default`), built for wasm32-wasip2.
+pub const DEFAULT_PREEMPTOR_WASM: &[u8] = include_bytes!(env!("ORL_PREEMPTOR_DEFAULT_WASM"));
 
 /// `sha256:<hex>` of a component's bytes: its id.
 pub fn content_id(bytes: &[u8]) -> String {
@@ -221,7 +223,11 @@ impl PolicyHost {
             defaults: std::sync::OnceLock::new(),
         };
         let mut defaults = HashMap::new();
-        for bytes in [DEFAULT_PLACER_WASM, DEFAULT_SPEND_GUARD_WASM] {
+        for bytes in [
+            DEFAULT_PLACER_WASM,
+            DEFAULT_PREEMPTOR_WASM,
+            DEFAULT_SPEND_GUARD_WASM,
+        ] {
             let loaded = host
                 .load(bytes)
                 .map_err(|e| anyhow::anyhow!("a built-in policy: {}", e.message))?;
@@ -425,6 +431,26 @@ impl PolicyHost {
         }))
     }
 
+    /// Runs the preemptor `loaded` on a fresh instance: the indices of the spot bookings to
+    /// terminate, or why nothing can make room.
+    pub fn preempt(
+        &self,
+        loaded: &Loaded,
+        request: &orl_placer_default::Request,
+        candidates: &orl_placer_default::Candidates,
+        spot: &[crate::booking::placement::SpotCandidate],
+        config: Option<&serde_json::Value>,
+        deadline_ms: u64,
+    ) -> Result<Result<Vec<u32>, String>, Failure> {
+        self.run(loaded, config, deadline_ms, |store, pre| {
+            let preemptor =
+                bindings::preemptor::PreemptorPre::new(pre.clone())?.instantiate(&mut *store)?;
+            let (req, candidates) = placer::to_wit(request, candidates);
+            let spot: Vec<_> = spot.iter().map(placer::spot_to_wit).collect();
+            preemptor.call_choose_victims(store, &req, &candidates, &spot)
+        })
+    }
+
     /// Runs the spend-guard `loaded` on a fresh instance: `Ok(Ok(()))` allows the charge.
     pub fn spend(
         &self,
@@ -434,7 +460,7 @@ impl PolicyHost {
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<(), String>, Failure> {
-        use bindings::spend_guard::orl::policy::types as wit;
+        use bindings::placer::orl::policy::types as wit;
         self.run(loaded, config, deadline_ms, |store, pre| {
             let guard =
                 bindings::spend_guard::SpendGuardPre::new(pre.clone())?.instantiate(&mut *store)?;

@@ -77,3 +77,24 @@ mod tests {
         assert!(text("reason", "bell\u{7}", 10).is_err());
     }
 }
+
+/// A list of distinct unit ids: at least one, at most a node's worth, each a valid id.
+pub fn unit_ids(field: &str, unit_ids: &[String]) -> Result<()> {
+    let max = crate::inventory::MAX_UNITS;
+    if unit_ids.is_empty() {
+        return Err(Error::invalid(field, "must name at least one unit"));
+    }
+    if unit_ids.len() > max {
+        return Err(Error::invalid(field, format!("at most {max} units")));
+    }
+    for (i, id) in unit_ids.iter().enumerate() {
+        self::id(&format!("{field}[{i}]"), id)?;
+        if unit_ids[..i].contains(id) {
+            return Err(Error::invalid(
+                format!("{field}[{i}]"),
+                format!("duplicate unit id {id:?}"),
+            ));
+        }
+    }
+    Ok(())
+}

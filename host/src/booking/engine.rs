@@ -5,6 +5,7 @@ use serde_json::json;
 use sqlx::AnyConnection;
 
 use super::placement::{Refusal, Snapshot, check_choice};
+use super::preempt;
 use super::store::{self, Reservation};
 use super::{CreateRequest, State};
 use crate::events;
@@ -24,8 +25,6 @@ pub(super) const EXTEND: &str = "compute:reservations:extend";
 pub(super) fn not_found(id: &str) -> Error {
     Error::not_found(format_args!("reservation {id}"))
 }
-
-/// The placement policy of a pool.
 
 /// The attributes IAM sees for a request.
 pub(super) fn attributes(request: &CreateRequest, r: &Reservation, region: &str) -> Attributes {
@@ -73,6 +72,8 @@ pub(super) async fn lock_pool(app: &App, conn: &mut AnyConnection, pool_id: &str
 /// Tries to place `r` now: on success it is `placed` with its bookings written; otherwise
 /// it is `pending` with `Unschedulable` (retried every 30 s) or `Queued` (pool-lease).
 /// A pool-lease queue is served in order: nothing jumps an older queued reservation.
+/// A request that is not spot and does not fit may preempt spot work: the terminations and
+/// the placement after them commit together or not at all.
 pub(super) async fn try_place(
     app: &App,
     conn: &mut AnyConnection,
@@ -90,20 +91,44 @@ pub(super) async fn try_place(
         );
         return Ok(false);
     }
+    let reason = match place_now(app, conn, pool, r, now).await? {
+        Ok(()) => return Ok(true),
+        Err(reason) => reason,
+    };
+    if !r.spot {
+        let mut attempt = sqlx::Connection::begin(&mut *conn).await?;
+        if preempt::make_room(app, &mut attempt, pool, r, now).await?
+            && place_now(app, &mut attempt, pool, r, now).await?.is_ok()
+        {
+            attempt.commit().await?;
+            return Ok(true);
+        }
+        attempt.rollback().await?;
+    }
+    mark_pending(r, queued, reason, now);
+    Ok(false)
+}
+
+/// Asks the pool's placer for units on the current snapshot and books them: `Ok(())` when
+/// `r` is placed, `Err(reason)` when it does not fit (nothing written).
+async fn place_now(
+    app: &App,
+    conn: &mut AnyConnection,
+    pool: &Pool,
+    r: &mut Reservation,
+    now: i64,
+) -> Result<std::result::Result<(), String>> {
     let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
-    let (request, candidates, index) = snapshot.candidates(r);
+    let offer = snapshot.candidates(r, false);
     let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
     // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.
     let (choice, decided_by) =
-        match tokio::task::block_in_place(|| placer.place(&request, &candidates)) {
+        match tokio::task::block_in_place(|| placer.place(&offer.request, &offer.candidates)) {
             Ok(decision) => decision,
-            Err(Refusal::Unschedulable(reason)) => {
-                mark_pending(r, queued, reason, now);
-                return Ok(false);
-            }
+            Err(Refusal::Unschedulable(reason)) => return Ok(Err(reason)),
             Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
         };
-    if let Err(message) = check_choice(&request, &candidates, &choice) {
+    if let Err(message) = check_choice(&offer.request, &offer.candidates, &choice) {
         let kind = crate::policy::FailureKind::InvalidAnswer;
         return Err(Error::PolicyFailed(crate::policy::Failure {
             plugin_id: placer.id(),
@@ -111,29 +136,23 @@ pub(super) async fn try_place(
             message,
         }));
     }
-    let (node_index, _) = index[choice.units[0] as usize];
+    let (node_index, _) = offer.index[choice.units[0] as usize];
     let node = &snapshot.nodes[node_index];
     let units: Vec<String> = choice
         .units
         .iter()
-        .map(|u| node.units[index[*u as usize].1].id.clone())
+        .map(|u| node.units[offer.index[*u as usize].1].id.clone())
         .collect();
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    r.state = State::Placed;
     match store::insert_bookings(&mut savepoint, r, &node.id, &units).await {
         Ok(()) => savepoint.commit().await?,
         Err(err) if violates(&err, "bookings_no_overlap") => {
             savepoint.rollback().await?;
-            mark_pending(
-                r,
-                queued,
-                "the chosen units were booked concurrently".into(),
-                now,
-            );
-            return Ok(false);
+            return Ok(Err("the chosen units were booked concurrently".into()));
         }
         Err(err) => return Err(err.into()),
     }
+    r.state = State::Placed;
     r.node_id = Some(node.id.clone());
     r.unit_ids = units;
     r.placed_by = Some(decided_by);
@@ -143,7 +162,7 @@ pub(super) async fn try_place(
     if let Some(lease) = r.lease_seconds {
         r.lease_deadline_ms = Some(now + lease * 1000);
     }
-    Ok(true)
+    Ok(Ok(()))
 }
 
 pub(super) fn mark_pending(r: &mut Reservation, queued: bool, message: String, now: i64) {

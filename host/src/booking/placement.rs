@@ -150,12 +150,43 @@ pub fn check_choice(
     Ok(())
 }
 
+/// A reservation holding a unit during the window.
+struct Hold {
+    reservation_id: String,
+    spot: bool,
+    start_ms: i64,
+}
+
+/// A spot booking that could give way to a request (WIT `spot-booking`): its units are a
+/// run of [`Candidates::units`] and in no node's free run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpotCandidate {
+    pub id: u32,
+    pub node: u32,
+    pub units: orl_placer_default::Span,
+    pub elapsed_seconds: u64,
+    pub started_at_ms: i64,
+}
+
+/// What a placement (or a preemption) decision is given, and how to read its answer.
+pub struct Candidacy {
+    pub request: PlacementRequest,
+    pub candidates: Candidates,
+    /// The (node, unit) indices of [`Snapshot::nodes`] behind each candidate unit id.
+    pub index: Vec<(usize, usize)>,
+    /// With preemption: the spot bookings that could give way, by [`SpotCandidate::id`].
+    pub spot: Vec<SpotCandidate>,
+    /// The spot reservation behind each entry of `spot`.
+    pub spot_reservations: Vec<String>,
+}
+
 /// What the database says about a pool's nodes over a window.
 pub struct Snapshot {
     pub nodes: Vec<Node>,
-    busy: HashSet<(String, String)>,
+    holds: HashMap<(String, String), Vec<Hold>>,
     host_used: HashMap<String, HostBooking>,
     claims: HashMap<(String, String), Vec<crate::node_reservations::Rights>>,
+    now: i64,
 }
 
 impl Snapshot {
@@ -175,12 +206,12 @@ impl Snapshot {
                 nodes.push(node);
             }
         }
-        let mut busy = HashSet::new();
+        let mut holds: HashMap<(String, String), Vec<Hold>> = HashMap::new();
         let mut host_used: HashMap<String, HostBooking> = HashMap::new();
         if !pool_node_ids.is_empty() {
             let in_list = placeholders(5, pool_node_ids.len());
             let sql = format!(
-                "SELECT node_id, unit_id FROM bookings
+                "SELECT node_id, unit_id, reservation_id, spot, start_ms FROM bookings
                  WHERE active = $1 AND reservation_id <> $2 AND start_ms < $3 AND end_ms > $4 AND node_id IN ({in_list})"
             );
             let mut query = sqlx::query(&sql).bind(true).bind(own).bind(end).bind(start);
@@ -188,7 +219,14 @@ impl Snapshot {
                 query = query.bind(id);
             }
             for row in query.fetch_all(&mut *conn).await? {
-                busy.insert((row.get("node_id"), row.get("unit_id")));
+                holds
+                    .entry((row.get("node_id"), row.get("unit_id")))
+                    .or_default()
+                    .push(Hold {
+                        reservation_id: row.get("reservation_id"),
+                        spot: flag(&row, "spot"),
+                        start_ms: row.get("start_ms"),
+                    });
             }
             let sql = format!(
                 "SELECT node_id, vcpu, memory_gib, hugepages_1gi, active FROM host_bookings
@@ -229,9 +267,10 @@ impl Snapshot {
         }
         Ok(Snapshot {
             nodes,
-            busy,
+            holds,
             host_used,
             claims,
+            now,
         })
     }
 
@@ -253,14 +292,14 @@ impl Snapshot {
         crate::pools::per_gpu_share(policy, &gpu_hosts)
     }
 
-    /// The feasible candidates for `reservation`, and the unit behind each candidate id
-    /// (the id is the index into both `candidates.units` and the returned list). Only
-    /// nodes with a usable unit of a requested class and room for the host resources are
-    /// candidates.
-    pub fn candidates(
-        &self,
-        reservation: &Reservation,
-    ) -> (PlacementRequest, Candidates, Vec<(usize, usize)>) {
+    /// The feasible candidates for `reservation`: the units it may take that are free over
+    /// its window, on nodes with room for its host resources. Only nodes with a usable unit
+    /// of a requested class are candidates. Candidate unit ids index `candidates.units`.
+    ///
+    /// With `preempting`, a unit held by nothing but one spot booking is not free but goes to
+    /// that booking's entry in `spot` (its run of units follows its node's free run), and a
+    /// node with such units is a candidate even when nothing on it is free.
+    pub fn candidates(&self, reservation: &Reservation, preempting: bool) -> Candidacy {
         let request = &reservation.request;
         let mut models: Vec<String> = Vec::new();
         let intern = |model: &str, models: &mut Vec<String>| -> u32 {
@@ -286,8 +325,19 @@ impl Snapshot {
                 nvlink_all: request.nvlink_all(d),
             })
             .collect();
-        let mut index = Vec::new();
-        let mut candidates = Candidates::default();
+        let mut out = Candidacy {
+            request: PlacementRequest {
+                devices,
+                spot: reservation.spot,
+                duration_seconds: ((reservation.end_ms - reservation.start_ms) / 1000).max(0)
+                    as u64,
+                models: Vec::new(),
+            },
+            candidates: Candidates::default(),
+            index: Vec::new(),
+            spot: Vec::new(),
+            spot_reservations: Vec::new(),
+        };
         for (n, node) in self.nodes.iter().enumerate() {
             if !has_room(
                 &node.host,
@@ -298,8 +348,11 @@ impl Snapshot {
             }
             let mut domains: Vec<String> = Vec::new();
             let mut loads: BTreeMap<u32, DomainLoad> = BTreeMap::new();
-            let first_unit = candidates.units.len();
+            let first_unit = out.candidates.units.len();
             let mut busy_units = 0;
+            // Units that a spot booking holds, grouped by booking, in unit order.
+            let mut giving_way: BTreeMap<&str, (i64, Vec<CandidateUnit>, Vec<usize>)> =
+                BTreeMap::new();
             for (u, unit) in node.units.iter().enumerate() {
                 let domain = unit.nvlink_domain.as_deref().map(|d| {
                     match domains.iter().position(|x| x == d) {
@@ -310,7 +363,9 @@ impl Snapshot {
                         }
                     }
                 });
-                let busy = self.busy.contains(&(node.id.clone(), unit.id.clone()));
+                let key = (node.id.clone(), unit.id.clone());
+                let holds = self.holds.get(&key).map_or(&[][..], Vec::as_slice);
+                let busy = !holds.is_empty();
                 busy_units += u32::from(busy);
                 if let Some(d) = domain {
                     let load = loads.entry(d).or_insert(DomainLoad {
@@ -321,47 +376,79 @@ impl Snapshot {
                     load.total += 1;
                     load.busy += u32::from(busy);
                 }
-                let claims = self
-                    .claims
-                    .get(&(node.id.clone(), unit.id.clone()))
-                    .map_or(&[][..], Vec::as_slice);
-                let usable = !busy
-                    && unit.sellable
+                let claims = self.claims.get(&key).map_or(&[][..], Vec::as_slice);
+                let usable = unit.sellable
                     && request.devices.iter().any(|d| matches(d, unit))
                     && may_place(&reservation.tenant_id, &unit.id, claims, reservation.spot);
-                if usable {
-                    candidates.units.push(CandidateUnit {
-                        id: index.len() as u32,
-                        class: policy_class(unit.device_class),
-                        model: intern(&unit.model, &mut models),
-                        nvlink_domain: domain,
-                        memory_gib: unit.memory_gib.clamp(0, i64::from(u32::MAX)) as u32,
-                    });
-                    index.push((n, u));
+                if !usable {
+                    continue;
+                }
+                let candidate = CandidateUnit {
+                    id: 0,
+                    class: policy_class(unit.device_class),
+                    model: intern(&unit.model, &mut models),
+                    nvlink_domain: domain,
+                    memory_gib: unit.memory_gib.clamp(0, i64::from(u32::MAX)) as u32,
+                };
+                match holds {
+                    [] => {
+                        out.candidates.units.push(CandidateUnit {
+                            id: out.index.len() as u32,
+                            ..candidate
+                        });
+                        out.index.push((n, u));
+                    }
+                    [hold] if preempting && hold.spot => {
+                        let entry = giving_way.entry(hold.reservation_id.as_str()).or_insert((
+                            hold.start_ms,
+                            Vec::new(),
+                            Vec::new(),
+                        ));
+                        entry.1.push(candidate);
+                        entry.2.push(u);
+                    }
+                    _ => {}
                 }
             }
-            let free = candidates.units.len() - first_unit;
-            if free > 0 {
-                let domains = Candidates::extend(&mut candidates.domains, loads.into_values());
-                candidates.nodes.push(orl_placer_default::Node {
-                    id: n as u32,
-                    busy_units,
-                    total_units: node.units.len() as u32,
-                    domains,
-                    free: orl_placer_default::Span {
-                        start: first_unit as u32,
-                        len: free as u32,
-                    },
+            let free = out.candidates.units.len() - first_unit;
+            if free == 0 && giving_way.is_empty() {
+                continue;
+            }
+            let node_id = n as u32;
+            let domains = Candidates::extend(&mut out.candidates.domains, loads.into_values());
+            out.candidates.nodes.push(orl_placer_default::Node {
+                id: node_id,
+                busy_units,
+                total_units: node.units.len() as u32,
+                domains,
+                free: orl_placer_default::Span {
+                    start: first_unit as u32,
+                    len: free as u32,
+                },
+            });
+            for (reservation_id, (start_ms, units, positions)) in giving_way {
+                let first = out.index.len() as u32;
+                let units = units
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, unit)| CandidateUnit {
+                        id: first + i as u32,
+                        ..unit
+                    });
+                let span = Candidates::extend(&mut out.candidates.units, units);
+                out.index.extend(positions.into_iter().map(|u| (n, u)));
+                out.spot.push(SpotCandidate {
+                    id: out.spot.len() as u32,
+                    node: node_id,
+                    units: span,
+                    elapsed_seconds: ((self.now - start_ms) / 1000).max(0) as u64,
+                    started_at_ms: start_ms,
                 });
+                out.spot_reservations.push(reservation_id.to_string());
             }
         }
-        let placement_request = PlacementRequest {
-            devices,
-            spot: reservation.spot,
-            duration_seconds: ((reservation.end_ms - reservation.start_ms) / 1000).max(0) as u64,
-            models,
-        };
-        (placement_request, candidates, index)
+        out.request.models = models;
+        out
     }
 }
 

@@ -13,14 +13,13 @@ use crate::events;
 use crate::iam::{Permission, Principal};
 use crate::ids::new_id;
 use crate::inventory::nodes::{self, Node};
+use crate::spot;
 use crate::store::{Tx, placeholders, to_json, violates};
 use crate::validation;
 use crate::{App, Error, Result};
 
 /// The database constraint that keeps two claims on one unit from overlapping.
 const NO_OVERLAP: &str = "node_reservation_units_no_overlap";
-/// At most this many units per reservation (a node has at most this many).
-const MAX_UNITS: usize = crate::inventory::MAX_UNITS;
 
 /// `POST /v1/nodes/{nodeId}/reservations` body.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -49,34 +48,24 @@ pub struct ReleaseUnits {
     pub reason: Option<String>,
 }
 
+/// `POST …/reclaim` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReclaimUnits {
+    pub unit_ids: Vec<String>,
+    /// Recorded in the audit trail.
+    pub reason: Option<String>,
+    /// Report what would be terminated, and change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
 /// Body of `…/end` and `…/reaffirm`.
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Because {
     /// Recorded in the audit trail.
     pub reason: Option<String>,
-}
-
-fn validate_unit_ids(unit_ids: &[String]) -> Result<()> {
-    if unit_ids.is_empty() {
-        return Err(Error::invalid("unitIds", "must name at least one unit"));
-    }
-    if unit_ids.len() > MAX_UNITS {
-        return Err(Error::invalid(
-            "unitIds",
-            format!("at most {MAX_UNITS} units"),
-        ));
-    }
-    for (i, id) in unit_ids.iter().enumerate() {
-        validation::id(&format!("unitIds[{i}]"), id)?;
-        if unit_ids[..i].contains(id) {
-            return Err(Error::invalid(
-                format!("unitIds[{i}]"),
-                format!("duplicate unit id {id:?}"),
-            ));
-        }
-    }
-    Ok(())
 }
 
 fn validate_orgs(field: &str, orgs: &[String]) -> Result<()> {
@@ -100,7 +89,7 @@ pub async fn create(
         Permission::ReservationManage,
         format_args!("node {node_id}"),
     )?;
-    validate_unit_ids(&new.unit_ids)?;
+    validation::unit_ids("unitIds", &new.unit_ids)?;
     validate_orgs("allowedOrgIds", &new.allowed_org_ids)?;
     let managing = new.managing_org_ids.unwrap_or_default();
     validate_orgs("managingOrgIds", &managing)?;
@@ -364,21 +353,19 @@ async fn load_for_change(
     Ok(record.filter(|r| r.node_id == node_id).map(|r| (node, r)))
 }
 
-/// Puts reserved units on the spot market (double sell). Callable by a platform operator,
-/// the node's owner, or a managing org while the reservation is active.
-pub async fn release(
+/// Loads an active reservation whose capacity `caller` manages and checks that it reserves
+/// every one of `unit_ids`: what release and reclaim both start with.
+async fn load_for_capacity(
     app: &App,
+    tx: &mut Tx,
     caller: &Principal,
     node_id: &str,
     id: &str,
-    body: ReleaseUnits,
-) -> Result<NodeReservation> {
-    validate_unit_ids(&body.unit_ids)?;
-    validation::opt_text("reason", body.reason.as_deref(), 1024)?;
+    unit_ids: &[String],
+    now: i64,
+) -> Result<(Node, Record)> {
     let not_found = || Error::not_found(format_args!("reservation {id} on node {node_id}"));
-    let now = app.now_ms();
-    let mut tx = app.store.begin().await?;
-    let (node, mut record) = load_for_change(app, &mut tx, node_id, id)
+    let (node, record) = load_for_change(app, tx, node_id, id)
         .await?
         .ok_or_else(not_found)?;
     if !may_manage_capacity(caller, &node.org_id, &record.rights(now)) {
@@ -387,12 +374,11 @@ pub async fn release(
     let status = record.status(now);
     if status != Status::Active {
         return Err(Error::InvalidState(format!(
-            "reservation {id} is {}; only an active reservation releases units",
+            "reservation {id} is {}; only an active reservation inside its term releases or reclaims units",
             status.as_str()
         )));
     }
-    let not_reserved: Vec<&str> = body
-        .unit_ids
+    let not_reserved: Vec<&str> = unit_ids
         .iter()
         .filter(|u| !record.unit_ids.contains(u))
         .map(String::as_str)
@@ -403,23 +389,60 @@ pub async fn release(
             format!("not reserved by {id}: {}", not_reserved.join(", ")),
         ));
     }
+    Ok((node, record))
+}
+
+/// Marks `unit_ids` of reservation `id` as released to spot or back in exclusive use.
+async fn mark_released(
+    tx: &mut Tx,
+    record: &mut Record,
+    unit_ids: &[String],
+    released: bool,
+    now: i64,
+) -> Result<()> {
     let sql = format!(
         "UPDATE node_reservation_units SET released = $1 WHERE reservation_id = $2 AND unit_id IN ({})",
-        placeholders(3, body.unit_ids.len())
+        placeholders(3, unit_ids.len())
     );
-    let mut query = sqlx::query(&sql).bind(true).bind(id);
-    for unit in &body.unit_ids {
+    let mut query = sqlx::query(&sql).bind(released).bind(&record.id);
+    for unit in unit_ids {
         query = query.bind(unit);
     }
-    query.execute(&mut **tx).await?;
-    touch(&mut tx, id, now).await?;
+    query.execute(&mut ***tx).await?;
+    touch(tx, &record.id, now).await?;
+    let was_released = std::mem::take(&mut record.released_unit_ids);
     record.released_unit_ids = record
         .unit_ids
         .iter()
-        .filter(|u| record.released_unit_ids.contains(u) || body.unit_ids.contains(u))
+        .filter(|u| {
+            if unit_ids.contains(u) {
+                released
+            } else {
+                was_released.contains(u)
+            }
+        })
         .cloned()
         .collect();
     record.updated_at = now;
+    Ok(())
+}
+
+/// Puts reserved units on the spot market (double sell). Callable by a platform operator,
+/// the node's owner, or a managing org while the reservation is active.
+pub async fn release(
+    app: &App,
+    caller: &Principal,
+    node_id: &str,
+    id: &str,
+    body: ReleaseUnits,
+) -> Result<NodeReservation> {
+    validation::unit_ids("unitIds", &body.unit_ids)?;
+    validation::opt_text("reason", body.reason.as_deref(), 1024)?;
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let (node, mut record) =
+        load_for_capacity(app, &mut tx, caller, node_id, id, &body.unit_ids, now).await?;
+    mark_released(&mut tx, &mut record, &body.unit_ids, true, now).await?;
     let details = json!({ "unitIds": body.unit_ids, "reason": body.reason });
     let change = Change {
         action: "node-reservation.release-units",
@@ -430,6 +453,58 @@ pub async fn release(
     record_change(&mut tx, caller, &node, &record, change, now).await?;
     tx.commit().await?;
     Ok(record.view(now))
+}
+
+/// Returns units to the reservation's exclusive use and terminates the spot workloads on
+/// them, in one transaction; workloads that are not spot keep running and are listed as
+/// skipped. A dry run reports what would happen and changes nothing. Callable by the same
+/// orgs as [`release`], while the reservation is active.
+pub async fn reclaim(
+    app: &App,
+    caller: &Principal,
+    node_id: &str,
+    id: &str,
+    body: ReclaimUnits,
+) -> Result<NodeReservation> {
+    validation::unit_ids("unitIds", &body.unit_ids)?;
+    validation::opt_text("reason", body.reason.as_deref(), 1024)?;
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let (node, mut record) =
+        load_for_capacity(app, &mut tx, caller, node_id, id, &body.unit_ids, now).await?;
+    let units = body.unit_ids.iter().cloned().collect();
+    let workloads = spot::on_units(&mut tx, node_id, Some(&units), now).await?;
+    if body.dry_run {
+        let mut view = record.view(now);
+        view.would_terminate = Some(workloads.spot);
+        view.would_skip = Some(workloads.other);
+        return Ok(view);
+    }
+    mark_released(&mut tx, &mut record, &body.unit_ids, false, now).await?;
+    let by = spot::Reclaim {
+        caller,
+        owner_org_id: &node.org_id,
+        node_id,
+        reason: body.reason.as_deref(),
+    };
+    let terminated = spot::terminate_for_capacity(&mut tx, &workloads.spot, &by, now).await?;
+    let details = json!({
+        "unitIds": body.unit_ids,
+        "terminated": terminated,
+        "skipped": workloads.other,
+    });
+    let change = Change {
+        action: "node-reservation.reclaim-units",
+        event: "node-reservation.units-reclaimed",
+        details,
+        reason: body.reason,
+    };
+    record_change(&mut tx, caller, &node, &record, change, now).await?;
+    tx.commit().await?;
+    let mut view = record.view(now);
+    view.terminated = Some(terminated);
+    view.skipped = Some(workloads.other);
+    Ok(view)
 }
 
 /// Ends a reservation now (platform admins): it becomes `cancelled` and its units return

@@ -44,6 +44,19 @@ pub struct NodeReservation {
     pub reason: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// Reclaim only: spot workloads (compute reservation ids) terminated to free the
+    /// reclaimed units.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminated: Option<Vec<String>>,
+    /// Reclaim only: workloads left running because they are not spot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<Vec<String>>,
+    /// Reclaim dry run only: the spot workloads the call would terminate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_terminate: Option<Vec<String>>,
+    /// Reclaim dry run only: the workloads that would be left running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_skip: Option<Vec<String>>,
 }
 
 /// A reservation as stored.
@@ -96,6 +109,10 @@ impl Record {
             reason: self.reason.clone(),
             created_at: format_ms(self.created_at),
             updated_at: format_ms(self.updated_at),
+            terminated: None,
+            skipped: None,
+            would_terminate: None,
+            would_skip: None,
         }
     }
 

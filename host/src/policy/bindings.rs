@@ -7,12 +7,28 @@ pub mod placer {
     wasmtime::component::bindgen!({ path: "../wit", world: "placer" });
 }
 
+/// The other worlds share the placer's `types` and `log`, so one set of records and one
+/// log implementation serve every world.
 pub mod preemptor {
-    wasmtime::component::bindgen!({ path: "../wit", world: "preemptor" });
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "preemptor",
+        with: {
+            "orl:policy/types": super::placer::orl::policy::types,
+            "orl:policy/log": super::placer::orl::policy::log,
+        },
+    });
 }
 
 pub mod spend_guard {
-    wasmtime::component::bindgen!({ path: "../wit", world: "spend-guard" });
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "spend-guard",
+        with: {
+            "orl:policy/types": super::placer::orl::policy::types,
+            "orl:policy/log": super::placer::orl::policy::log,
+        },
+    });
 }
 
 use placer::orl::policy::log::{self, Level};

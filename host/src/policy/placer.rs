@@ -97,6 +97,20 @@ fn class(class: PolicyClass) -> wit::DeviceClass {
     }
 }
 
+/// A spot booking that could give way, as the preemptor takes it.
+pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wit::SpotBooking {
+    wit::SpotBooking {
+        id: spot.id,
+        node: spot.node,
+        units: wit::Span {
+            start: spot.units.start,
+            len: spot.units.len,
+        },
+        elapsed_seconds: spot.elapsed_seconds,
+        started_at_ms: spot.started_at_ms,
+    }
+}
+
 /// The records of one call, as the component takes them: a few flat lists, whatever the
 /// number of candidates.
 pub(super) fn to_wit(

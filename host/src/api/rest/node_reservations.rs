@@ -10,7 +10,9 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::{Json, JsonOrEmpty, Path, Query};
 use crate::iam::Principal;
-use crate::node_reservations::actions::{self, Because, NewNodeReservation, ReleaseUnits};
+use crate::node_reservations::actions::{
+    self, Because, NewNodeReservation, ReclaimUnits, ReleaseUnits,
+};
 use crate::node_reservations::queries::{self, Catalog, NodeReservation, parse_status};
 use crate::{App, Result};
 
@@ -19,6 +21,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(create, list_for_node))
         .routes(routes!(get_one))
         .routes(routes!(release))
+        .routes(routes!(reclaim))
         .routes(routes!(end))
         .routes(routes!(reaffirm))
         .routes(routes!(list_for_org))
@@ -82,6 +85,24 @@ async fn release(
 ) -> Result<Json<NodeReservation>> {
     Ok(Json(
         actions::release(&app, &caller, &node_id, &id, body).await?,
+    ))
+}
+
+/// Reclaim released GPU units from spot: they return to the reservation's exclusive use and
+/// the spot workloads on them are terminated, in one call. `dryRun` reports what would be
+/// terminated (`wouldTerminate`, `wouldSkip`) and changes nothing.
+#[utoipa::path(post, path = "/v1/nodes/{nodeId}/reservations/{id}/reclaim", tag = "node-reservations",
+    params(("nodeId" = String, Path), ("id" = String, Path)), request_body = ReclaimUnits,
+    responses((status = 200, body = NodeReservation), (status = 400, body = ErrorEnvelope),
+              (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+async fn reclaim(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Path((node_id, id)): Path<(String, String)>,
+    Json(body): Json<ReclaimUnits>,
+) -> Result<Json<NodeReservation>> {
+    Ok(Json(
+        actions::reclaim(&app, &caller, &node_id, &id, body).await?,
     ))
 }
 

@@ -1,0 +1,409 @@
+//! The spot market (seeds 001 and 003): the double sell, reclaiming released units, the
+//! provider's reclaim, and preemption of spot work by non-spot creates.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::{Api, Db, Server, assert_error, on_both_databases, register_node};
+
+/// Provider `acme` owns node `n1` (8 H100s in NVLink domains of 4: gpu0-3, gpu4-7) in one
+/// pool offered to `anchor` and to `stranger`. Node reservation `nr` gives gpu0-5 to
+/// `anchor`, managed by `broker`, and releases gpu0-3 to the spot market.
+struct Market {
+    server: Server,
+    acme: Api,
+    broker: Api,
+    anchor: Api,
+    stranger: Api,
+    pool: String,
+    nr: String,
+}
+
+async fn market(db: Db) -> Market {
+    let server = Server::start(db).await;
+    let acme = server.org_with_key("acme", "provider").await;
+    register_node(&acme, "acme", "n1", 8).await;
+    let anchor = server.org_with_key("anchor", "member").await;
+    let stranger = server.org_with_key("stranger", "member").await;
+    let broker = server.org_with_key("broker", "provider").await;
+    let admin = server.admin();
+    let (status, pool) = admin
+        .post(
+            "/v1/pools",
+            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": ["n1"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{pool}");
+    let pool = pool["id"].as_str().unwrap().to_string();
+    for tenant in ["anchor", "stranger"] {
+        let (status, offer) = admin
+            .post(
+                &format!("/v1/pools/{pool}/offers"),
+                json!({ "tenantId": tenant, "quota": { "gpu": 8 } }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{offer}");
+    }
+    let units: Vec<String> = (0..6).map(|g| format!("n1-gpu{g}")).collect();
+    let (status, nr) = admin
+        .post(
+            "/v1/nodes/n1/reservations",
+            json!({ "unitIds": units, "allowedOrgIds": ["anchor"], "managingOrgIds": ["broker"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{nr}");
+    let nr = nr["id"].as_str().unwrap().to_string();
+    let (status, body) = broker
+        .post(
+            &format!("/v1/nodes/n1/reservations/{nr}/release"),
+            json!({ "unitIds": ["n1-gpu0", "n1-gpu1", "n1-gpu2", "n1-gpu3"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    Market {
+        server,
+        acme,
+        broker,
+        anchor,
+        stranger,
+        pool,
+        nr,
+    }
+}
+
+impl Market {
+    /// Creates a reservation of `gpus` GPUs for `tenant` as `api`.
+    async fn book(&self, api: &Api, tenant: &str, key: &str, gpus: i64, spot: bool) -> Value {
+        let mut devices = json!([{ "class": "gpu", "count": gpus }]);
+        if gpus == 4 {
+            devices[0]["topology"] = json!("nvlink-all");
+        }
+        let (status, r) = api
+            .post(
+                "/api/compute/reservations/create",
+                json!({ "tenantId": tenant, "poolId": self.pool, "devices": devices,
+                        "duration": "2h", "spot": spot, "idempotencyKey": key }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        r
+    }
+
+    async fn state_of(&self, api: &Api, tenant: &str, r: &Value) -> Value {
+        let (status, got) = api
+            .post(
+                "/api/compute/reservations/get",
+                json!({ "tenantId": tenant, "reservationId": r["id"] }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{got}");
+        got
+    }
+
+    async fn gpus_used_by(&self, tenant: &str) -> i64 {
+        let (_, offers) = self
+            .server
+            .admin()
+            .get(&format!("/v1/pools/{}/offers", self.pool))
+            .await;
+        offers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["tenantId"] == tenant)
+            .and_then(|o| o["used"]["gpu"].as_i64())
+            .unwrap_or(0)
+    }
+
+    fn reclaim_path(&self) -> String {
+        format!("/v1/nodes/n1/reservations/{}/reclaim", self.nr)
+    }
+
+    /// The loaded node: a stranger's non-spot job on the open gpu6-7, a stranger's spot job
+    /// on the released gpu0-3, and the audience's non-spot job on gpu4-5.
+    async fn load(&self) -> (Value, Value, Value) {
+        let open = self
+            .book(&self.stranger, "stranger", "open", 2, false)
+            .await;
+        assert_eq!(open["placement"]["unitIds"], json!(["n1-gpu6", "n1-gpu7"]));
+        let spot = self.book(&self.stranger, "stranger", "spot", 4, true).await;
+        assert_eq!(
+            spot["placement"]["unitIds"],
+            json!(["n1-gpu0", "n1-gpu1", "n1-gpu2", "n1-gpu3"])
+        );
+        let own = self.book(&self.anchor, "anchor", "own", 2, false).await;
+        assert_eq!(own["placement"]["unitIds"], json!(["n1-gpu4", "n1-gpu5"]));
+        (open, spot, own)
+    }
+}
+
+on_both_databases!(
+    a_strangers_spot_booking_lands_on_released_units_and_non_spot_does_not,
+    a_dry_run_reports_what_the_reclaim_then_does_and_changes_nothing,
+    reclaim_terminates_only_spot_work_refunds_it_and_audits_the_reason,
+    reclaim_is_for_the_owner_and_managers_of_an_active_reservation,
+    the_provider_reclaims_spot_work_on_its_whole_node_but_never_non_spot,
+    a_managing_org_reaches_only_released_units_of_reservations_it_manages_in_term,
+);
+
+async fn a_strangers_spot_booking_lands_on_released_units_and_non_spot_does_not(db: Db) {
+    let m = market(db).await;
+    let open = m.book(&m.stranger, "stranger", "open", 2, false).await;
+    assert_eq!(open["placement"]["unitIds"], json!(["n1-gpu6", "n1-gpu7"]));
+    let refused = m.book(&m.stranger, "stranger", "more", 1, false).await;
+    assert_eq!(
+        refused["state"], "pending",
+        "a stranger's non-spot request never lands on released units: {refused}"
+    );
+    let spot = m.book(&m.stranger, "stranger", "spot", 4, true).await;
+    assert_eq!(spot["state"], "placed", "{spot}");
+    assert_eq!(
+        spot["placement"]["unitIds"],
+        json!(["n1-gpu0", "n1-gpu1", "n1-gpu2", "n1-gpu3"])
+    );
+    let spot_on_reserved = m.book(&m.stranger, "stranger", "spot-2", 1, true).await;
+    assert_eq!(
+        spot_on_reserved["state"], "pending",
+        "units reserved and not released are the audience's alone, even for spot"
+    );
+}
+
+async fn a_dry_run_reports_what_the_reclaim_then_does_and_changes_nothing(db: Db) {
+    let m = market(db).await;
+    let (_, spot, own) = m.load().await;
+    let units = json!([
+        "n1-gpu0", "n1-gpu1", "n1-gpu2", "n1-gpu3", "n1-gpu4", "n1-gpu5"
+    ]);
+    let audit_before = crate::support::audit_count(&m.server).await;
+
+    let (status, dry) = m
+        .broker
+        .post(
+            &m.reclaim_path(),
+            json!({ "unitIds": units, "dryRun": true }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{dry}");
+    assert_eq!(dry["wouldTerminate"], json!([spot["id"]]));
+    assert_eq!(dry["wouldSkip"], json!([own["id"]]));
+    assert!(dry.get("terminated").is_none(), "{dry}");
+    assert_eq!(dry["releasedUnitIds"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        m.state_of(&m.stranger, "stranger", &spot).await["state"],
+        "placed"
+    );
+    assert_eq!(crate::support::audit_count(&m.server).await, audit_before);
+
+    let (status, real) = m
+        .broker
+        .post(
+            &m.reclaim_path(),
+            json!({ "unitIds": units, "reason": "anchor needs them" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{real}");
+    assert_eq!(real["terminated"], dry["wouldTerminate"]);
+    assert_eq!(real["skipped"], dry["wouldSkip"]);
+    assert_eq!(real["releasedUnitIds"], json!([]));
+    assert!(real.get("wouldTerminate").is_none(), "{real}");
+}
+
+async fn reclaim_terminates_only_spot_work_refunds_it_and_audits_the_reason(db: Db) {
+    let m = market(db).await;
+    let (open, spot, own) = m.load().await;
+    assert_eq!(m.gpus_used_by("stranger").await, 6);
+
+    let (status, body) = m
+        .acme
+        .post(
+            &m.reclaim_path(),
+            json!({ "unitIds": ["n1-gpu2", "n1-gpu4"], "reason": "maintenance" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["terminated"], json!([spot["id"]]));
+    assert_eq!(body["skipped"], json!([own["id"]]));
+    assert_eq!(
+        body["releasedUnitIds"],
+        json!(["n1-gpu0", "n1-gpu1", "n1-gpu3"]),
+        "only the named units return to exclusive use"
+    );
+
+    let ended = m.state_of(&m.stranger, "stranger", &spot).await;
+    assert_eq!(ended["state"], "released", "{ended}");
+    assert_eq!(ended["reason"], "capacity-reclaim");
+    assert_eq!(
+        m.gpus_used_by("stranger").await,
+        2,
+        "the spot quota is refunded"
+    );
+    for (api, tenant, r) in [
+        (&m.stranger, "stranger", &open),
+        (&m.anchor, "anchor", &own),
+    ] {
+        assert_eq!(m.state_of(api, tenant, r).await["state"], "placed");
+    }
+
+    let (_, audit) = m.server.admin().get("/v1/audit?limit=200").await;
+    let termination = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["action"] == "compute-reservation.terminate")
+        .unwrap_or_else(|| panic!("no termination audited: {audit}"));
+    assert_eq!(termination["objectId"], spot["id"]);
+    assert_eq!(termination["reason"], "maintenance");
+    assert_eq!(termination["details"]["reason"], "capacity-reclaim");
+
+    let (_, events) = m.stranger.get("/v1/events?limit=200").await;
+    let event = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "reservation.released" && e["objectId"] == spot["id"])
+        .unwrap_or_else(|| panic!("no release event for the tenant: {events}"));
+    assert_eq!(event["payload"]["reason"], "capacity-reclaim");
+
+    let again = m.book(&m.stranger, "stranger", "spot-again", 1, true).await;
+    assert_eq!(
+        again["placement"]["unitIds"],
+        json!(["n1-gpu0"]),
+        "the units still released take spot work again; the reclaimed one does not"
+    );
+}
+
+async fn reclaim_is_for_the_owner_and_managers_of_an_active_reservation(db: Db) {
+    let m = market(db).await;
+    let body = json!({ "unitIds": ["n1-gpu0"], "dryRun": true });
+    let (status, error) = m.stranger.post(&m.reclaim_path(), body.clone()).await;
+    assert_error(status, &error, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (status, error) = m.anchor.post(&m.reclaim_path(), body.clone()).await;
+    assert_error(status, &error, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (status, error) = m
+        .broker
+        .post(&m.reclaim_path(), json!({ "unitIds": ["n1-gpu7"] }))
+        .await;
+    assert_error(status, &error, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let (status, error) = m
+        .broker
+        .post(&m.reclaim_path(), json!({ "unitIds": [] }))
+        .await;
+    assert_error(status, &error, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let (status, error) = m
+        .broker
+        .post(
+            &m.reclaim_path(),
+            json!({ "unitIds": ["n1-gpu0"], "dryRun": "yes" }),
+        )
+        .await;
+    assert_error(status, &error, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+
+    let (status, _) = m
+        .server
+        .admin()
+        .post(
+            &format!("/v1/nodes/n1/reservations/{}/end", m.nr),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, error) = m.broker.post(&m.reclaim_path(), body.clone()).await;
+    assert_error(status, &error, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (status, error) = m.acme.post(&m.reclaim_path(), body).await;
+    assert_error(status, &error, StatusCode::CONFLICT, "INVALID_STATE");
+}
+
+async fn the_provider_reclaims_spot_work_on_its_whole_node_but_never_non_spot(db: Db) {
+    let m = market(db).await;
+    let (open, spot, own) = m.load().await;
+    let path = "/v1/orgs/acme/provider/nodes/n1/reclaim-spot";
+
+    let (status, dry) = m.acme.post(path, json!({ "dryRun": true })).await;
+    assert_eq!(status, StatusCode::OK, "{dry}");
+    assert_eq!(dry["terminated"], json!([spot["id"]]));
+    let mut skipped = vec![open["id"].clone(), own["id"].clone()];
+    skipped.sort_by_key(|v| v.as_str().unwrap().to_string());
+    assert_eq!(dry["skipped"], json!(skipped));
+    assert_eq!(
+        m.state_of(&m.stranger, "stranger", &spot).await["state"],
+        "placed"
+    );
+
+    let (status, error) = m.acme.post(path, json!({ "unitIds": ["n1-gpu9"] })).await;
+    assert_error(status, &error, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let (status, error) = m
+        .stranger
+        .post(
+            "/v1/orgs/stranger/provider/nodes/n1/reclaim-spot",
+            json!({}),
+        )
+        .await;
+    assert_error(status, &error, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (status, error) = m.stranger.post(path, json!({})).await;
+    assert_error(status, &error, StatusCode::NOT_FOUND, "NOT_FOUND");
+
+    let (status, body) = m.acme.post(path, json!({ "reason": "drain" })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["terminated"], dry["terminated"]);
+    assert_eq!(body["skipped"], dry["skipped"]);
+    let ended = m.state_of(&m.stranger, "stranger", &spot).await;
+    assert_eq!(
+        (&ended["state"], &ended["reason"]),
+        (&json!("released"), &json!("capacity-reclaim"))
+    );
+    for (api, tenant, r) in [
+        (&m.stranger, "stranger", &open),
+        (&m.anchor, "anchor", &own),
+    ] {
+        assert_eq!(m.state_of(api, tenant, r).await["state"], "placed");
+    }
+    let (status, nr) = m
+        .acme
+        .get(&format!("/v1/nodes/n1/reservations/{}", m.nr))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        nr["releasedUnitIds"].as_array().unwrap().len(),
+        4,
+        "a provider reclaim terminates work; the units stay released"
+    );
+}
+
+async fn a_managing_org_reaches_only_released_units_of_reservations_it_manages_in_term(db: Db) {
+    let m = market(db).await;
+    let (_, spot, _) = m.load().await;
+    let path = "/v1/orgs/broker/provider/nodes/n1/reclaim-spot";
+
+    let (status, dry) = m.broker.post(path, json!({ "dryRun": true })).await;
+    assert_eq!(status, StatusCode::OK, "{dry}");
+    assert_eq!(
+        (&dry["terminated"], &dry["skipped"]),
+        (&json!([spot["id"]]), &json!([])),
+        "a manager sees only the work on released units"
+    );
+    for unit in ["n1-gpu4", "n1-gpu6"] {
+        let (status, error) = m.broker.post(path, json!({ "unitIds": [unit] })).await;
+        assert_error(status, &error, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    }
+    let (status, error) = m
+        .broker
+        .post("/v1/orgs/acme/provider/nodes/n1/reclaim-spot", json!({}))
+        .await;
+    assert_error(status, &error, StatusCode::NOT_FOUND, "NOT_FOUND");
+
+    let (status, _) = m
+        .server
+        .admin()
+        .post(
+            &format!("/v1/nodes/n1/reservations/{}/end", m.nr),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, error) = m.broker.post(path, json!({ "dryRun": true })).await;
+    assert_error(status, &error, StatusCode::NOT_FOUND, "NOT_FOUND");
+    assert_eq!(
+        m.state_of(&m.stranger, "stranger", &spot).await["state"],
+        "placed"
+    );
+}
