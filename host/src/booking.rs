@@ -453,6 +453,15 @@ pub struct HostBooking {
     pub hugepages_1gi: i64,
 }
 
+impl HostBooking {
+    /// Adds `other` to this booking, field by field.
+    pub fn add(&mut self, other: HostBooking) {
+        self.vcpu += other.vcpu;
+        self.memory_gib += other.memory_gib;
+        self.hugepages_1gi += other.hugepages_1gi;
+    }
+}
+
 /// What to book on the node: the per-GPU share of whole GPUs as a floor, raised by what
 /// was asked for. Returns the booking and the excess above the share, which is what quota
 /// is charged (1 GiB hugepages count as memory).

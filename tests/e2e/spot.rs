@@ -4,7 +4,11 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, assert_error, on_both_databases, register_node};
+use reqwest::Method;
+
+use crate::support::{
+    Api, Db, Server, T0, assert_error, component, on_both_databases, register_node,
+};
 
 /// Provider `acme` owns node `n1` (8 H100s in NVLink domains of 4: gpu0-3, gpu4-7) in one
 /// pool offered to `anchor` and to `stranger`. Node reservation `nr` gives gpu0-5 to
@@ -144,6 +148,10 @@ on_both_databases!(
     reclaim_is_for_the_owner_and_managers_of_an_active_reservation,
     the_provider_reclaims_spot_work_on_its_whole_node_but_never_non_spot,
     a_managing_org_reaches_only_released_units_of_reservations_it_manages_in_term,
+    a_non_spot_create_preempts_the_newest_spot_work_with_the_default_preemptor,
+    a_custom_preemptor_plugin_chooses_the_victims,
+    spot_requests_never_preempt_and_non_spot_work_is_never_preempted,
+    sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once,
 );
 
 async fn a_strangers_spot_booking_lands_on_released_units_and_non_spot_does_not(db: Db) {
@@ -406,4 +414,273 @@ async fn a_managing_org_reaches_only_released_units_of_reservations_it_manages_i
         m.state_of(&m.stranger, "stranger", &spot).await["state"],
         "placed"
     );
+}
+
+/// Provider `acme` with `nodes` nodes of 8 H100s in one pool, offered to `spotter` (who
+/// buys spot) and `buyer` (who does not), 16 GPUs of quota each.
+struct Contest {
+    server: Server,
+    spotter: Api,
+    buyer: Api,
+    pool: String,
+}
+
+async fn contest(db: Db, nodes: usize) -> Contest {
+    let server = Server::start(db).await;
+    let acme = server.org_with_key("acme", "provider").await;
+    let node_ids: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
+    for node in &node_ids {
+        register_node(&acme, "acme", node, 8).await;
+    }
+    let spotter = server.org_with_key("spotter", "member").await;
+    let buyer = server.org_with_key("buyer", "member").await;
+    let admin = server.admin();
+    let (status, pool) = admin
+        .post(
+            "/v1/pools",
+            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": node_ids }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{pool}");
+    let pool = pool["id"].as_str().unwrap().to_string();
+    for tenant in ["spotter", "buyer"] {
+        let (status, offer) = admin
+            .post(
+                &format!("/v1/pools/{pool}/offers"),
+                json!({ "tenantId": tenant, "quota": { "gpu": 16 } }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{offer}");
+    }
+    Contest {
+        server,
+        spotter,
+        buyer,
+        pool,
+    }
+}
+
+impl Contest {
+    async fn create(&self, tenant: &str, key: &str, gpus: i64, spot: bool) -> Value {
+        let api = if tenant == "spotter" {
+            &self.spotter
+        } else {
+            &self.buyer
+        };
+        let (status, r) = api
+            .post(
+                "/api/compute/reservations/create",
+                json!({ "tenantId": tenant, "poolId": self.pool,
+                        "devices": [{ "class": "gpu", "count": gpus }],
+                        "duration": "2h", "spot": spot, "idempotencyKey": key }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        r
+    }
+
+    async fn get(&self, tenant: &str, r: &Value) -> Value {
+        let api = if tenant == "spotter" {
+            &self.spotter
+        } else {
+            &self.buyer
+        };
+        let (status, got) = api
+            .post(
+                "/api/compute/reservations/get",
+                json!({ "tenantId": tenant, "reservationId": r["id"] }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{got}");
+        got
+    }
+
+    async fn used(&self, tenant: &str) -> i64 {
+        let (_, offers) = self
+            .server
+            .admin()
+            .get(&format!("/v1/pools/{}/offers", self.pool))
+            .await;
+        offers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["tenantId"] == tenant)
+            .and_then(|o| o["used"]["gpu"].as_i64())
+            .unwrap_or(0)
+    }
+
+    /// The audit entries of preemptions, oldest first.
+    async fn preemptions(&self) -> Vec<Value> {
+        let (_, audit) = self.server.admin().get("/v1/audit?limit=200").await;
+        let mut entries: Vec<Value> = audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["action"] == "compute-reservation.preempt")
+            .cloned()
+            .collect();
+        entries.reverse();
+        entries
+    }
+
+    /// Two spot reservations of 4 GPUs filling node n1: `older` at T0, `newer` ten
+    /// minutes later (the clock is left there).
+    async fn two_spot_jobs(&self) -> (Value, Value) {
+        let older = self.create("spotter", "older", 4, true).await;
+        self.server.set_clock(T0 + 600_000).await;
+        let newer = self.create("spotter", "newer", 4, true).await;
+        assert_eq!(
+            (&older["state"], &newer["state"]),
+            (&json!("placed"), &json!("placed"))
+        );
+        (older, newer)
+    }
+}
+
+async fn a_non_spot_create_preempts_the_newest_spot_work_with_the_default_preemptor(db: Db) {
+    let c = contest(db, 1).await;
+    let (older, newer) = c.two_spot_jobs().await;
+
+    let r = c.create("buyer", "job", 4, false).await;
+
+    assert_eq!(r["state"], "placed", "{r}");
+    assert_eq!(r["placement"]["unitIds"], newer["placement"]["unitIds"]);
+    let victim = c.get("spotter", &newer).await;
+    assert_eq!(
+        (&victim["state"], &victim["reason"]),
+        (&json!("released"), &json!("preempted"))
+    );
+    assert_eq!(
+        c.get("spotter", &older).await["state"],
+        "active",
+        "the older work, running since T0, costs more and keeps running"
+    );
+    assert_eq!(c.used("spotter").await, 4, "the victim's quota is refunded");
+    let preemptions = c.preemptions().await;
+    assert_eq!(preemptions.len(), 1, "{preemptions:?}");
+    assert_eq!(preemptions[0]["objectId"], newer["id"]);
+    assert_eq!(preemptions[0]["details"]["preemptedFor"], r["id"]);
+    assert!(
+        preemptions[0]["details"]["decidedBy"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("sha256:")),
+        "{preemptions:?}"
+    );
+    let (_, metrics) = c
+        .server
+        .anonymous()
+        .raw(Method::GET, "/metrics", None, None)
+        .await;
+    assert!(
+        metrics
+            .as_str()
+            .unwrap_or_default()
+            .contains("world=\"preemptor\""),
+        "preemptor decisions are counted"
+    );
+}
+
+async fn a_custom_preemptor_plugin_chooses_the_victims(db: Db) {
+    let c = contest(db, 1).await;
+    let bytes = std::fs::read(component("preempt_oldest.wasm")).unwrap();
+    let admin = c.server.admin();
+    let (status, plugin) = admin
+        .raw(
+            Method::POST,
+            "/v1/plugins?name=preempt-oldest&version=1.0.0",
+            Some(bytes),
+            Some("application/wasm"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{plugin}");
+    assert_eq!(plugin["world"], "preemptor");
+    let (status, body) = admin
+        .put(
+            &format!("/v1/pools/{}/policies", c.pool),
+            json!({ "preemption": plugin["id"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (older, newer) = c.two_spot_jobs().await;
+
+    let r = c.create("buyer", "job", 4, false).await;
+
+    assert_eq!(r["state"], "placed", "{r}");
+    assert_eq!(r["placement"]["unitIds"], older["placement"]["unitIds"]);
+    assert_eq!(c.get("spotter", &older).await["reason"], "preempted");
+    assert_eq!(c.get("spotter", &newer).await["state"], "placed");
+    assert_eq!(
+        c.preemptions().await[0]["details"]["decidedBy"],
+        plugin["id"]
+    );
+}
+
+async fn spot_requests_never_preempt_and_non_spot_work_is_never_preempted(db: Db) {
+    let c = contest(db, 1).await;
+    let spot = c.create("spotter", "spot", 4, true).await;
+    let steady = c.create("buyer", "steady", 4, false).await;
+    assert_eq!(steady["state"], "placed");
+
+    let more_spot = c.create("spotter", "more-spot", 2, true).await;
+    assert_eq!(more_spot["state"], "pending", "spot never preempts spot");
+    let too_big = c.create("buyer", "too-big", 6, false).await;
+    assert_eq!(
+        too_big["state"], "pending",
+        "only the spot half can give way, which is not enough: nothing is terminated"
+    );
+    assert_eq!(c.get("spotter", &spot).await["state"], "placed");
+    assert!(c.preemptions().await.is_empty());
+    assert_eq!(c.used("spotter").await, 4 + 2);
+}
+
+async fn sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once(db: Db) {
+    let c = contest(db, 2).await;
+    let mut spot = Vec::new();
+    for i in 0..16 {
+        let r = c.create("spotter", &format!("spot-{i}"), 1, true).await;
+        assert_eq!(r["state"], "placed");
+        spot.push(r);
+    }
+
+    let creates = (0..16).map(|i| {
+        let buyer = c.buyer.clone();
+        let body = json!({ "tenantId": "buyer", "poolId": c.pool,
+                           "devices": [{ "class": "gpu", "count": 1 }],
+                           "duration": "2h", "idempotencyKey": format!("job-{i}") });
+        tokio::spawn(async move { buyer.post("/api/compute/reservations/create", body).await })
+    });
+    let placed: Vec<Value> = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .map(|answer| {
+            let (status, r) = answer.unwrap();
+            assert_eq!(status, StatusCode::OK, "{r}");
+            r
+        })
+        .collect();
+
+    let mut units: Vec<String> = placed
+        .iter()
+        .map(|r| {
+            assert_eq!(r["state"], "placed", "{r}");
+            format!("{}", r["placement"]["unitIds"][0])
+        })
+        .collect();
+    units.sort();
+    units.dedup();
+    assert_eq!(units.len(), 16, "no unit is booked twice");
+    for r in &spot {
+        let victim = c.get("spotter", r).await;
+        assert_eq!(
+            (&victim["state"], &victim["reason"]),
+            (&json!("released"), &json!("preempted"))
+        );
+    }
+    assert_eq!(
+        c.preemptions().await.len(),
+        16,
+        "each spot booking is preempted once"
+    );
+    assert_eq!((c.used("spotter").await, c.used("buyer").await), (0, 16));
 }

@@ -185,6 +185,8 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     holds: HashMap<(String, String), Vec<Hold>>,
     host_used: HashMap<String, HostBooking>,
+    /// Host resources booked by work that is not spot (what preemption cannot free).
+    host_used_steady: HashMap<String, HostBooking>,
     claims: HashMap<(String, String), Vec<crate::node_reservations::Rights>>,
     now: i64,
 }
@@ -208,6 +210,7 @@ impl Snapshot {
         }
         let mut holds: HashMap<(String, String), Vec<Hold>> = HashMap::new();
         let mut host_used: HashMap<String, HostBooking> = HashMap::new();
+        let mut host_used_steady: HashMap<String, HostBooking> = HashMap::new();
         if !pool_node_ids.is_empty() {
             let in_list = placeholders(5, pool_node_ids.len());
             let sql = format!(
@@ -229,8 +232,10 @@ impl Snapshot {
                     });
             }
             let sql = format!(
-                "SELECT node_id, vcpu, memory_gib, hugepages_1gi, active FROM host_bookings
-                 WHERE active = $1 AND reservation_id <> $2 AND start_ms < $3 AND end_ms > $4 AND node_id IN ({in_list})"
+                "SELECT h.node_id, h.vcpu, h.memory_gib, h.hugepages_1gi, h.active, r.spot
+                 FROM host_bookings h JOIN compute_reservations r ON r.id = h.reservation_id
+                 WHERE h.active = $1 AND h.reservation_id <> $2 AND h.start_ms < $3 AND h.end_ms > $4
+                   AND h.node_id IN ({in_list})"
             );
             let mut query = sqlx::query(&sql).bind(true).bind(own).bind(end).bind(start);
             for id in pool_node_ids {
@@ -240,10 +245,19 @@ impl Snapshot {
                 if !flag(&row, "active") {
                     continue;
                 }
-                let used = host_used.entry(row.get("node_id")).or_default();
-                used.vcpu += row.get::<i64, _>("vcpu");
-                used.memory_gib += row.get::<i64, _>("memory_gib");
-                used.hugepages_1gi += row.get::<i64, _>("hugepages_1gi");
+                let booked = HostBooking {
+                    vcpu: row.get("vcpu"),
+                    memory_gib: row.get("memory_gib"),
+                    hugepages_1gi: row.get("hugepages_1gi"),
+                };
+                let node: String = row.get("node_id");
+                if !flag(&row, "spot") {
+                    host_used_steady
+                        .entry(node.clone())
+                        .or_default()
+                        .add(booked);
+                }
+                host_used.entry(node).or_default().add(booked);
             }
         }
         let mut claims: HashMap<(String, String), Vec<crate::node_reservations::Rights>> =
@@ -269,6 +283,7 @@ impl Snapshot {
             nodes,
             holds,
             host_used,
+            host_used_steady,
             claims,
             now,
         })
@@ -339,11 +354,12 @@ impl Snapshot {
             spot_reservations: Vec::new(),
         };
         for (n, node) in self.nodes.iter().enumerate() {
-            if !has_room(
-                &node.host,
-                self.host_used.get(&node.id),
-                reservation.resources,
-            ) {
+            let host_used = if preempting {
+                &self.host_used_steady
+            } else {
+                &self.host_used
+            };
+            if !has_room(&node.host, host_used.get(&node.id), reservation.resources) {
                 continue;
             }
             let mut domains: Vec<String> = Vec::new();
