@@ -3,8 +3,10 @@
 
 mod client;
 mod compute;
+mod graphql;
 mod iam;
 mod pools;
+mod provider;
 mod render;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +19,7 @@ pub use client::Client;
 pub use compute::{ComputeCommand, ComputeReservationsCommand};
 pub use iam::{ConfirmationsCommand, IamCommand, PolicyCommand};
 pub use pools::PoolsCommand;
+pub use provider::ProviderCommand;
 
 /// An API answer and how to show it as a table.
 type Shown = (Value, fn(&Value) -> String);
@@ -57,6 +60,9 @@ pub enum ClientCommand {
     /// Pools of nodes and their offers to tenants.
     #[command(subcommand)]
     Pools(PoolsCommand),
+    /// A provider org's earnings and payouts.
+    #[command(subcommand)]
+    Provider(ProviderCommand),
     /// Compute reservations: a tenant's claim on devices of one pool for a time window.
     #[command(subcommand)]
     Compute(ComputeCommand),
@@ -66,6 +72,9 @@ pub enum ClientCommand {
     /// Agents' requests waiting for a person of the org to approve or deny them.
     #[command(subcommand)]
     Confirmations(ConfirmationsCommand),
+    /// The GraphQL API's schema.
+    #[command(subcommand)]
+    Graphql(graphql::GraphqlCommand),
     /// The units an org could place on now, per node.
     Catalog { org: String },
     /// The audit trail, newest first.
@@ -204,6 +213,21 @@ pub enum ReservationsCommand {
 pub enum UnitCommand {
     /// Put reserved units on the spot market (double sell).
     Release(UnitRelease),
+    /// Return released units to the reservation and terminate the spot work on them.
+    Reclaim(UnitReclaim),
+}
+
+#[derive(Debug, Args)]
+pub struct UnitReclaim {
+    node_id: String,
+    id: String,
+    #[arg(long, value_delimiter = ',', required = true)]
+    unit_ids: Vec<String>,
+    #[arg(long)]
+    reason: Option<String>,
+    /// Report what would be terminated, and change nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -219,6 +243,7 @@ pub struct UnitRelease {
 pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()> {
     let client = Client::new(&conn.url, conn.key.as_deref())?;
     let (value, view): Shown = match command {
+        ClientCommand::Graphql(command) => return graphql::run(command),
         ClientCommand::Orgs(OrgsCommand::Create { id, name }) => (
             client
                 .post("/v1/orgs", &json!({ "id": id, "name": name }))
@@ -272,6 +297,7 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
         ),
         ClientCommand::Reservations(command) => reservations(&client, command).await?,
         ClientCommand::Pools(command) => pools::run(&client, command).await?,
+        ClientCommand::Provider(command) => provider::run(&client, command).await?,
         ClientCommand::Compute(ComputeCommand::Reservations(command)) => {
             compute::run(&client, command).await?
         }
@@ -359,6 +385,13 @@ async fn reservations(client: &Client, command: ReservationsCommand) -> anyhow::
                 json!({ "unitIds": release.unit_ids, "reason": release.reason }),
             );
             let path = format!("{}/{}/release", base(&release.node_id), release.id);
+            (client.post(&path, &body).await?, render::object)
+        }
+        ReservationsCommand::Unit(UnitCommand::Reclaim(reclaim)) => {
+            let body = render::without_nulls(json!({
+                "unitIds": reclaim.unit_ids, "reason": reclaim.reason, "dryRun": reclaim.dry_run,
+            }));
+            let path = format!("{}/{}/reclaim", base(&reclaim.node_id), reclaim.id);
             (client.post(&path, &body).await?, render::object)
         }
         ReservationsCommand::End {

@@ -135,6 +135,25 @@ async fn the_cli_reserves_and_releases_units_as_in_the_seed(db: Db) {
     )
     .await;
     assert_eq!(released["releasedUnitIds"], serde_json::json!(["n1-gpu1"]));
+    let reclaim = format!("reservations unit reclaim n1 {id} --unit-ids n1-gpu1");
+    let dry = orl_json(&server, &provider, &words(&format!("{reclaim} --dry-run"))).await;
+    assert_eq!(
+        (&dry["wouldTerminate"], &dry["releasedUnitIds"]),
+        (&json!([]), &json!(["n1-gpu1"]))
+    );
+    let reclaimed = orl_json(&server, &provider, &words(&reclaim)).await;
+    assert_eq!(
+        (&reclaimed["terminated"], &reclaimed["releasedUnitIds"]),
+        (&json!([]), &json!([]))
+    );
+    orl_json(
+        &server,
+        &provider,
+        &words(&format!(
+            "reservations unit release n1 {id} --unit-ids n1-gpu1"
+        )),
+    )
+    .await;
     let listed = orl(&server, &provider, &["reservations", "list", "n1"]).await;
     assert!(listed.contains(id) && listed.contains("active"), "{listed}");
     let catalog = orl(&server, &admin, &["catalog", "tenant-a"]).await;
