@@ -1,14 +1,46 @@
 //! The event outbox. A state change writes its event in the same transaction as the change;
 //! readers and streams take them from the table in `seq` order.
+//!
+//! A stream is a cursor over the table: it reads what follows its position, then waits for
+//! more. On PostgreSQL it waits on `LISTEN orl_events` (every replica's writes notify it,
+//! at commit); on SQLite, and as a safety net on PostgreSQL, it polls. Because the cursor is
+//! the outbox position, a client resumes from the last id it saw, across server restarts.
 
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt as _};
 use serde_json::Value;
 use sqlx::AnyConnection;
+use sqlx::postgres::PgListener;
 
-use crate::Result;
-use crate::store::to_json;
+use crate::iam::{Permission, Principal};
+use crate::store::{Backend, to_json};
+use crate::{App, Error, Result, validation};
+
+/// The PostgreSQL channel every event insert notifies at commit.
+const CHANNEL: &str = "orl_events";
+/// The advisory lock that makes event inserts commit in `seq` order on PostgreSQL.
+const OUTBOX_LOCK: i64 = 0x6f72_6c5f_6576_7473;
+/// How often a SQLite stream looks for new events.
+const SQLITE_POLL: Duration = Duration::from_millis(250);
+/// How often a PostgreSQL stream looks even without a notification (a listener that
+/// reconnected may have missed one).
+const POSTGRES_POLL: Duration = Duration::from_secs(5);
+/// Events a stream reads per query.
+const STREAM_BATCH: i64 = 100;
 
 /// Appends an event of `kind` about `object_id`, visible to the members of `org_ids`
 /// (and to platform operators).
+///
+/// Readers follow the outbox by `seq`, so an event must never become visible after one
+/// with a higher `seq`. On PostgreSQL identity values are taken at insert but transactions
+/// commit in any order, so a reader could see `seq` 6 before 5 commits and skip 5 for good.
+/// The transaction therefore first takes a transaction-scoped advisory lock, held until it
+/// commits or rolls back: event inserts, and their commits, happen one at a time in `seq`
+/// order. SQLite has a single writer already. The insert also notifies [`CHANNEL`], which
+/// PostgreSQL delivers to listeners on every replica when the transaction commits.
 pub async fn emit(
     conn: &mut AnyConnection,
     kind: &str,
@@ -17,6 +49,13 @@ pub async fn emit(
     payload: &Value,
     now_ms: i64,
 ) -> Result<()> {
+    let postgres = conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME;
+    if postgres {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(OUTBOX_LOCK)
+            .execute(&mut *conn)
+            .await?;
+    }
     sqlx::query(
         "INSERT INTO events (at, type, object_id, org_ids, payload) VALUES ($1, $2, $3, $4, $5)",
     )
@@ -25,13 +64,19 @@ pub async fn emit(
     .bind(object_id)
     .bind(to_json(org_ids))
     .bind(to_json(payload))
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
+    if postgres {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(CHANNEL)
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(())
 }
 
 /// One event as the API shows it.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     /// Position in the outbox; pass it as `after` to read on.
@@ -41,6 +86,23 @@ pub struct Event {
     pub at: String,
     pub object_id: String,
     pub payload: Value,
+}
+
+/// Whether the caller may read its org's events; otherwise events are not found.
+pub fn require_reader(caller: &Principal) -> Result<()> {
+    if caller.has(Permission::EventsRead) {
+        Ok(())
+    } else {
+        Err(Error::NotFound("events not found".into()))
+    }
+}
+
+/// A page of the events the caller may see after `after`: `limit` is 1-500.
+pub async fn read(app: &App, caller: &Principal, after: i64, limit: i64) -> Result<Vec<Event>> {
+    require_reader(caller)?;
+    validation::range("limit", limit, 1, 500)?;
+    validation::range("after", after, 0, i64::MAX)?;
+    list(app.store.pool(), &caller.org_id, after, limit).await
 }
 
 /// Events after `after` in outbox order that `org` may see (all of them for the ops org),
@@ -75,4 +137,127 @@ pub async fn list(pool: &sqlx::AnyPool, org: &str, after: i64, limit: i64) -> Re
             payload: serde_json::from_str(&r.get::<String, _>("payload")).unwrap_or(Value::Null),
         })
         .collect())
+}
+
+/// The id of the newest event, or 0: where a stream of only new events starts.
+pub async fn head(pool: &sqlx::AnyPool) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar::<_, Option<i64>>("SELECT MAX(seq) FROM events")
+            .fetch_one(pool)
+            .await?
+            .unwrap_or(0),
+    )
+}
+
+/// The events the caller may see after `after`, then each new one as it is written, for
+/// as long as the stream is held. It ends when the server is asked to stop, so graceful
+/// shutdown does not wait on open streams. A database error ends it after yielding it.
+pub async fn follow(
+    app: Arc<App>,
+    caller: &Principal,
+    after: i64,
+) -> Result<impl Stream<Item = Result<Event>> + Send + use<>> {
+    require_reader(caller)?;
+    validation::range("after", after, 0, i64::MAX)?;
+    let wake = Wake::open(&app).await;
+    let cursor = Cursor {
+        app,
+        org: caller.org_id.clone(),
+        after,
+        ready: VecDeque::new(),
+        wake,
+        failed: false,
+    };
+    Ok(futures::stream::unfold(cursor, Cursor::next).take_until(Box::pin(stopping())))
+}
+
+/// A stream's position in the outbox and what wakes it.
+struct Cursor {
+    app: Arc<App>,
+    org: String,
+    after: i64,
+    ready: VecDeque<Event>,
+    wake: Wake,
+    failed: bool,
+}
+
+impl Cursor {
+    async fn next(mut self) -> Option<(Result<Event>, Cursor)> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Some((Ok(event), self));
+            }
+            match list(self.app.store.pool(), &self.org, self.after, STREAM_BATCH).await {
+                Ok(batch) if batch.is_empty() => self.wake.wait().await,
+                Ok(batch) => {
+                    self.after = batch.last().map_or(self.after, |e| e.id);
+                    self.ready.extend(batch);
+                }
+                Err(err) => {
+                    self.failed = true;
+                    return Some((Err(err), self));
+                }
+            }
+        }
+    }
+}
+
+/// What a stream waits on between reads.
+enum Wake {
+    Poll(Duration),
+    Listen(Box<PgListener>),
+}
+
+impl Wake {
+    async fn open(app: &App) -> Wake {
+        if app.store.backend() == Backend::Sqlite {
+            return Wake::Poll(SQLITE_POLL);
+        }
+        let url = app.store.pool().connect_options().database_url.clone();
+        let listener = async {
+            let mut listener = PgListener::connect(url.as_str()).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match listener.await {
+            Ok(listener) => Wake::Listen(Box::new(listener)),
+            Err(err) => {
+                tracing::warn!(error = %err, "event stream: cannot LISTEN; polling instead");
+                Wake::Poll(SQLITE_POLL)
+            }
+        }
+    }
+
+    async fn wait(&mut self) {
+        match self {
+            Wake::Poll(every) => tokio::time::sleep(*every).await,
+            Wake::Listen(listener) => {
+                // A notification, a reconnect (`recv` fails once, then listens again) or
+                // the safety-net interval: any of them means "read again".
+                if let Ok(Err(err)) = tokio::time::timeout(POSTGRES_POLL, listener.recv()).await {
+                    tracing::warn!(error = %err, "event stream: listener failed; retrying");
+                    tokio::time::sleep(SQLITE_POLL).await;
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when the process is asked to stop (SIGINT or SIGTERM).
+async fn stopping() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = terminate => {},
+    }
 }

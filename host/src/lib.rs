@@ -12,8 +12,10 @@ pub mod booking;
 pub mod cli;
 pub mod clock;
 pub mod demo;
+pub mod earnings;
 pub mod error;
 pub mod events;
+pub mod graphql;
 pub mod iam;
 pub mod ids;
 pub mod inventory;
@@ -23,6 +25,7 @@ pub mod policy;
 pub mod pools;
 pub mod reconciler;
 pub mod serve;
+pub mod spot;
 pub mod store;
 pub mod validation;
 

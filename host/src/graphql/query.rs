@@ -1,0 +1,252 @@
+//! Queries: each calls the domain function its REST route calls, so visibility is the
+//! same; lists are Relay connections capped at [`limits::MAX_PAGE_SIZE`].
+
+use async_graphql::connection::Connection;
+use async_graphql::{Context, Object, Result};
+
+use super::types::{
+    AuditEntry, Catalog, ComputeReservation, Event, Node, NodeReservation, Offer, Plugin, Pool,
+    Viewer,
+};
+use super::{app, caller, limits, page};
+use crate::booking::State;
+use crate::booking::lifecycle::{self, ReservationRef};
+use crate::booking::list::{self, ListInput, Scope};
+use crate::iam::{OPS_ORG, Permission};
+use crate::inventory::nodes;
+use crate::node_reservations::queries;
+use crate::policy::registry;
+use crate::pools::store;
+use crate::{Error, audit, events, validation};
+
+pub struct Query;
+
+#[Object]
+impl Query {
+    /// The caller: its key, org and permissions.
+    async fn viewer(&self, ctx: &Context<'_>) -> Result<Viewer> {
+        Ok(Viewer::from(caller(ctx)?))
+    }
+
+    /// The nodes an org owns (by default the caller's), by id.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    async fn nodes(
+        &self,
+        ctx: &Context<'_>,
+        org_id: Option<String>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, Node>> {
+        let caller = caller(ctx)?;
+        let org_id = org_id.unwrap_or_else(|| caller.org_id.clone());
+        let nodes = nodes::list(app(ctx), caller, &org_id).await?;
+        let nodes = nodes.into_iter().map(Node::from).collect();
+        Ok(page::slice(nodes, first, after, |n: &Node| n.id.clone())?)
+    }
+
+    /// One node: readable by ops and the owning org.
+    async fn node(&self, ctx: &Context<'_>, id: String) -> Result<Node> {
+        Ok(nodes::get(app(ctx), caller(ctx)?, &id).await?.into())
+    }
+
+    /// Node reservations, newest first: those on `nodeId`, or those whose audience
+    /// includes `orgId` (exactly one of the two), optionally of one `status`.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    async fn node_reservations(
+        &self,
+        ctx: &Context<'_>,
+        node_id: Option<String>,
+        org_id: Option<String>,
+        status: Option<String>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, NodeReservation>> {
+        let (app, caller) = (app(ctx), caller(ctx)?);
+        let status = queries::parse_status(status.as_deref())?;
+        let found = match (node_id, org_id) {
+            (Some(node_id), None) => queries::list_for_node(app, caller, &node_id)
+                .await?
+                .into_iter()
+                .filter(|r| status.is_none_or(|s| r.status == s))
+                .collect(),
+            (None, Some(org_id)) => queries::list_for_org(app, caller, &org_id, status).await?,
+            _ => {
+                return Err(
+                    Error::invalid("nodeId", "give exactly one of nodeId and orgId").into(),
+                );
+            }
+        };
+        let found = found.into_iter().map(NodeReservation::from).collect();
+        Ok(page::slice(found, first, after, |r: &NodeReservation| {
+            r.id.clone()
+        })?)
+    }
+
+    /// A tenant's compute reservations newest first, drafts skipped, filtered as the RPC's
+    /// `list` (`scope` `mine` or `all`); `first` is 1-200.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    #[allow(clippy::too_many_arguments)]
+    async fn compute_reservations(
+        &self,
+        ctx: &Context<'_>,
+        tenant_id: Option<String>,
+        scope: Option<String>,
+        state: Option<String>,
+        pool_id: Option<String>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, ComputeReservation>> {
+        let caller = caller(ctx)?;
+        let scope = match scope.as_deref() {
+            None | Some("mine") => Scope::Mine,
+            Some("all") => Scope::All,
+            Some(_) => return Err(Error::invalid("scope", "must be mine or all").into()),
+        };
+        let state = state
+            .map(|s| {
+                State::parse(&s)
+                    .ok_or_else(|| Error::invalid("state", format!("unknown state {s:?}")))
+            })
+            .transpose()?;
+        let after_given = after.is_some();
+        let input = ListInput {
+            tenant_id: tenant_id.unwrap_or_else(|| caller.org_id.clone()),
+            scope: Some(scope),
+            state,
+            pool_id,
+            limit: Some(i64::from(first.unwrap_or(limits::DEFAULT_PAGE_SIZE))),
+            cursor: after,
+        };
+        let found = list::list(app(ctx), caller, input).await?;
+        let has_next = found.cursor.is_some();
+        let items = found
+            .items
+            .into_iter()
+            .map(ComputeReservation::from)
+            .collect();
+        Ok(page::of_page(
+            items,
+            after_given,
+            has_next,
+            |r: &ComputeReservation| r.id.clone(),
+        ))
+    }
+
+    /// One compute reservation of a tenant (by default the caller's org).
+    async fn compute_reservation(
+        &self,
+        ctx: &Context<'_>,
+        tenant_id: Option<String>,
+        id: String,
+    ) -> Result<ComputeReservation> {
+        let caller = caller(ctx)?;
+        let reference = ReservationRef {
+            tenant_id: tenant_id.unwrap_or_else(|| caller.org_id.clone()),
+            reservation_id: id,
+        };
+        Ok(lifecycle::get(app(ctx), caller, reference).await?.into())
+    }
+
+    /// The pools the caller owns or is offered (all of them, for platform operators).
+    async fn pools(&self, ctx: &Context<'_>) -> Result<Vec<Pool>> {
+        let pools = store::list(app(ctx), caller(ctx)?).await?;
+        Ok(pools.into_iter().map(Pool::from).collect())
+    }
+
+    /// One pool the caller sees.
+    async fn pool(&self, ctx: &Context<'_>, id: String) -> Result<Pool> {
+        Ok(store::get(app(ctx), caller(ctx)?, &id).await?.into())
+    }
+
+    /// A pool's offers with quota used and remaining: all for its managers, a tenant's own
+    /// for a tenant.
+    async fn offers(&self, ctx: &Context<'_>, pool_id: String) -> Result<Vec<Offer>> {
+        let offers = store::list_offers(app(ctx), caller(ctx)?, &pool_id).await?;
+        Ok(offers.into_iter().map(Offer::from).collect())
+    }
+
+    /// The units an org (by default the caller's) could place on now, per node.
+    async fn catalog(&self, ctx: &Context<'_>, org_id: Option<String>) -> Result<Catalog> {
+        let caller = caller(ctx)?;
+        let org_id = org_id.unwrap_or_else(|| caller.org_id.clone());
+        Ok(queries::catalog(app(ctx), caller, &org_id).await?.into())
+    }
+
+    /// Every stored plugin, with the pools it is assigned to and its decision counts.
+    async fn plugins(&self, ctx: &Context<'_>) -> Result<Vec<Plugin>> {
+        let plugins = registry::list(app(ctx), caller(ctx)?).await?;
+        Ok(plugins.into_iter().map(Plugin::from).collect())
+    }
+
+    /// Events the caller's org may see, oldest first, after the `after` cursor.
+    /// `hasNextPage` is true whenever the page is full.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    async fn events(
+        &self,
+        ctx: &Context<'_>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, Event>> {
+        let first = limits::page_size(first)?;
+        let after_given = after.is_some();
+        let after = match after {
+            Some(cursor) => cursor
+                .parse::<i64>()
+                .map_err(|_| Error::invalid("after", "not a cursor from this API"))?,
+            None => 0,
+        };
+        let found = events::read(app(ctx), caller(ctx)?, after, first as i64).await?;
+        let full = found.len() == first;
+        let items = found.into_iter().map(Event::from).collect();
+        Ok(page::of_page(items, after_given, full, |e: &Event| {
+            e.id.to_string()
+        }))
+    }
+
+    /// Audit entries, newest first: ops see every org's (or `orgId`'s), an org's auditors
+    /// their own org's. `first` is 1-200.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    async fn audit(
+        &self,
+        ctx: &Context<'_>,
+        org_id: Option<String>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, AuditEntry>> {
+        let caller = caller(ctx)?;
+        let limit = i64::from(first.unwrap_or(limits::DEFAULT_PAGE_SIZE));
+        validation::range("first", limit, 1, 200)?;
+        let org_id = match org_id {
+            Some(org) => {
+                validation::id("orgId", &org)?;
+                Some(org)
+            }
+            None if caller.is_ops() => None,
+            None => Some(caller.org_id.clone()),
+        };
+        let scope = org_id.as_deref().unwrap_or(OPS_ORG);
+        caller.require_for(
+            Permission::AuditRead,
+            scope,
+            format_args!("audit trail of {scope}"),
+        )?;
+        let after_given = after.is_some();
+        let before = after
+            .map(|c| {
+                c.parse::<i64>()
+                    .map_err(|_| Error::invalid("after", "not a cursor from this API"))
+            })
+            .transpose()?;
+        let mut found =
+            audit::list(app(ctx).store.pool(), org_id.as_deref(), before, limit + 1).await?;
+        let has_next = found.len() as i64 > limit;
+        found.truncate(limit as usize);
+        let items = found.into_iter().map(AuditEntry::from).collect();
+        Ok(page::of_page(
+            items,
+            after_given,
+            has_next,
+            |e: &AuditEntry| e.id.clone(),
+        ))
+    }
+}

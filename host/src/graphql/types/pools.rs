@@ -1,0 +1,198 @@
+//! Pools, their offers with quota used and remaining, their policies, and plugins with
+//! their decision counts.
+
+use std::collections::BTreeSet;
+
+use async_graphql::{ComplexObject, Context, Json, Result, SimpleObject};
+
+use super::{api_name, json};
+use crate::graphql::decisions::{self, DecisionCount};
+use crate::graphql::{app, caller};
+use crate::policy::{assignment, registry};
+use crate::pools::store;
+
+/// A set of nodes offered together.
+#[derive(SimpleObject)]
+#[graphql(complex)]
+pub struct Pool {
+    pub id: String,
+    pub name: String,
+    pub owner_org_id: String,
+    pub node_ids: Vec<String>,
+    /// The pool's placement and sharing policy, as REST shows it.
+    pub policy: Json<serde_json::Value>,
+    pub archived: bool,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<store::Pool> for Pool {
+    fn from(p: store::Pool) -> Self {
+        Pool {
+            policy: json(&p.policy),
+            id: p.id,
+            name: p.name,
+            owner_org_id: p.owner_org_id,
+            node_ids: p.node_ids,
+            archived: p.archived,
+            created_at: p.created_at,
+            updated_at: p.updated_at,
+        }
+    }
+}
+
+#[ComplexObject]
+impl Pool {
+    /// Its offers: all of them for its managers, the caller's own for a tenant.
+    async fn offers(&self, ctx: &Context<'_>) -> Result<Vec<Offer>> {
+        let offers = store::list_offers(app(ctx), caller(ctx)?, &self.id).await?;
+        Ok(offers.into_iter().map(Offer::from).collect())
+    }
+
+    /// The plugins it runs (absent: the built-in defaults).
+    async fn policies(&self, ctx: &Context<'_>) -> Result<PoolPolicies> {
+        Ok(assignment::get(app(ctx), caller(ctx)?, &self.id)
+            .await?
+            .into())
+    }
+}
+
+/// A pool made available to a tenant.
+#[derive(SimpleObject)]
+pub struct Offer {
+    pub pool_id: String,
+    pub tenant_id: String,
+    /// Per resource: the limit, what live reservations hold, and what remains.
+    pub quota: Vec<QuotaLine>,
+    /// Minor currency units per GPU-hour.
+    pub price_per_gpu_hour: Option<i64>,
+    /// Minor currency units the tenant may spend in this pool.
+    pub budget: Option<i64>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// One resource of an offer's quota.
+#[derive(SimpleObject)]
+pub struct QuotaLine {
+    pub resource: String,
+    /// A resource the quota does not name grants 0.
+    pub limit: i64,
+    pub used: i64,
+    pub remaining: i64,
+}
+
+impl From<store::Offer> for Offer {
+    fn from(o: store::Offer) -> Self {
+        let resources: BTreeSet<&String> = o.quota.keys().chain(o.used.keys()).collect();
+        let quota = resources
+            .into_iter()
+            .map(|resource| {
+                let limit = o.quota.get(resource).copied().unwrap_or(0);
+                let used = o.used.get(resource).copied().unwrap_or(0);
+                QuotaLine {
+                    resource: resource.clone(),
+                    limit,
+                    used,
+                    remaining: (limit - used).max(0),
+                }
+            })
+            .collect();
+        Offer {
+            quota,
+            pool_id: o.pool_id,
+            tenant_id: o.tenant_id,
+            price_per_gpu_hour: o.price_per_gpu_hour,
+            budget: o.budget,
+            created_at: o.created_at,
+            updated_at: o.updated_at,
+        }
+    }
+}
+
+/// The plugins a pool runs, by plugin id.
+#[derive(SimpleObject)]
+pub struct PoolPolicies {
+    pub placement: Option<String>,
+    pub preemption: Option<String>,
+    pub spend_limit: Option<String>,
+    pub config: Option<Json<serde_json::Value>>,
+    pub deadline_ms: Option<i64>,
+    /// `fail` or `fallback`.
+    pub on_policy_failure: String,
+    pub updated_at: Option<String>,
+}
+
+impl From<assignment::PoolPolicies> for PoolPolicies {
+    fn from(p: assignment::PoolPolicies) -> Self {
+        PoolPolicies {
+            on_policy_failure: api_name(&p.on_policy_failure),
+            placement: p.placement,
+            preemption: p.preemption,
+            spend_limit: p.spend_limit,
+            config: p.config.map(Json),
+            deadline_ms: p.deadline_ms,
+            updated_at: p.updated_at,
+        }
+    }
+}
+
+/// A stored policy plugin.
+#[derive(SimpleObject)]
+#[graphql(complex)]
+pub struct Plugin {
+    /// `sha256:<hex>` of the component.
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    /// `placer`, `preemptor` or `spend-guard`.
+    pub world: String,
+    pub size: i64,
+    pub created_at: String,
+    /// Pools whose policies name it.
+    pub assigned_to: Vec<String>,
+}
+
+impl From<registry::Plugin> for Plugin {
+    fn from(p: registry::Plugin) -> Self {
+        Plugin {
+            world: p.world.as_str().to_string(),
+            id: p.id,
+            name: p.name,
+            version: p.version,
+            size: p.size,
+            created_at: p.created_at,
+            assigned_to: p.assigned_to,
+        }
+    }
+}
+
+impl Plugin {
+    fn counted(&self, ctx: &Context<'_>) -> Vec<DecisionCount> {
+        decisions::by_plugin(&app(ctx).metrics)
+            .remove(&self.id)
+            .unwrap_or_default()
+    }
+}
+
+#[ComplexObject]
+impl Plugin {
+    /// Its decisions on this server since it started, by world and outcome.
+    async fn decisions(&self, ctx: &Context<'_>) -> Vec<DecisionCount> {
+        self.counted(ctx)
+    }
+
+    /// How many decisions it made on this server since it started.
+    async fn decision_count(&self, ctx: &Context<'_>) -> i64 {
+        self.counted(ctx).iter().map(|d| d.count).sum()
+    }
+
+    /// How many of them failed (trap, deadline, memory cap, invalid answer).
+    async fn failure_count(&self, ctx: &Context<'_>) -> i64 {
+        self.counted(ctx)
+            .iter()
+            .filter(|d| d.failed())
+            .map(|d| d.count)
+            .sum()
+    }
+}

@@ -1,0 +1,197 @@
+//! Node reservations, compute reservations and the catalog.
+
+use async_graphql::{Json, SimpleObject};
+
+use super::{api_name, json};
+use crate::booking::extend;
+use crate::booking::store as compute;
+use crate::node_reservations::queries;
+
+/// Exclusive placement rights for a set of orgs over units of one node, for a term.
+#[derive(SimpleObject)]
+pub struct NodeReservation {
+    pub id: String,
+    pub node_id: String,
+    pub reserved_unit_ids: Vec<String>,
+    /// The units currently on the spot market (double sell).
+    pub released_unit_ids: Vec<String>,
+    pub allowed_org_ids: Vec<String>,
+    pub managing_org_ids: Vec<String>,
+    pub starts_at: String,
+    /// Absent = open-ended until cancelled.
+    pub ends_at: Option<String>,
+    /// `pending`, `active`, `expired`, `cancelled` or `needs-review`.
+    pub status: String,
+    pub topology_gen: i64,
+    pub contract_ref: Option<String>,
+    pub reason: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<queries::NodeReservation> for NodeReservation {
+    fn from(r: queries::NodeReservation) -> Self {
+        NodeReservation {
+            status: api_name(&r.status),
+            id: r.id,
+            node_id: r.node_id,
+            reserved_unit_ids: r.reserved_unit_ids,
+            released_unit_ids: r.released_unit_ids,
+            allowed_org_ids: r.allowed_org_ids,
+            managing_org_ids: r.managing_org_ids,
+            starts_at: r.starts_at,
+            ends_at: r.ends_at,
+            topology_gen: r.topology_gen,
+            contract_ref: r.contract_ref,
+            reason: r.reason,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// A tenant's claim on devices of one pool for a window. Instants are epoch ms.
+#[derive(SimpleObject)]
+pub struct ComputeReservation {
+    pub id: String,
+    pub tenant_id: String,
+    pub pool_id: String,
+    pub project_id: Option<String>,
+    /// `pending`, `placed`, `active`, `released`, … as in the RPC.
+    pub state: String,
+    pub spot: bool,
+    pub start: i64,
+    pub end: i64,
+    pub lease_seconds: Option<i64>,
+    pub lease_deadline: Option<i64>,
+    /// Host resources booked with the devices.
+    pub resources: Json<serde_json::Value>,
+    pub conditions: Json<serde_json::Value>,
+    /// Why it ended.
+    pub reason: Option<String>,
+    pub placement: Option<Placement>,
+    /// The request as created.
+    pub request: Json<serde_json::Value>,
+    /// The last operation applied to it.
+    pub operation: Option<Json<serde_json::Value>>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// Where a reservation's devices are.
+#[derive(SimpleObject)]
+pub struct Placement {
+    pub node_id: String,
+    pub unit_ids: Vec<String>,
+    pub placed_by: Option<String>,
+}
+
+impl From<compute::ComputeReservation> for ComputeReservation {
+    fn from(r: compute::ComputeReservation) -> Self {
+        ComputeReservation {
+            state: api_name(&r.state),
+            resources: json(&r.resources),
+            conditions: json(&r.conditions),
+            request: json(&r.request),
+            operation: r.operation.as_ref().map(json),
+            placement: r.placement.map(|p| Placement {
+                node_id: p.node_id,
+                unit_ids: p.unit_ids,
+                placed_by: p.placed_by,
+            }),
+            id: r.id,
+            tenant_id: r.tenant_id,
+            pool_id: r.pool_id,
+            project_id: r.project_id,
+            spot: r.spot,
+            start: r.start,
+            end: r.end,
+            lease_seconds: r.lease_seconds,
+            lease_deadline: r.lease_deadline,
+            reason: r.reason,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// The answer of `extendComputeReservation`.
+#[derive(SimpleObject)]
+pub struct Extended {
+    pub reservation: ComputeReservation,
+    pub extended: bool,
+    /// When a later booking blocks: the latest end the bookings can reach.
+    pub available_until: Option<i64>,
+}
+
+impl From<extend::Extended> for Extended {
+    fn from(e: extend::Extended) -> Self {
+        Extended {
+            reservation: e.reservation.into(),
+            extended: e.extended,
+            available_until: e.available_until,
+        }
+    }
+}
+
+/// What an org may place on now, node by node.
+#[derive(SimpleObject)]
+pub struct Catalog {
+    pub org_id: String,
+    pub at: String,
+    pub nodes: Vec<CatalogNode>,
+}
+
+#[derive(SimpleObject)]
+pub struct CatalogNode {
+    pub node_id: String,
+    pub region: Option<String>,
+    pub units: Vec<CatalogUnit>,
+}
+
+#[derive(SimpleObject)]
+pub struct CatalogUnit {
+    pub id: String,
+    pub class: String,
+    pub device_class: String,
+    pub model: String,
+    #[graphql(name = "memoryGiB")]
+    pub memory_gib: i64,
+    pub nvlink_domain: Option<String>,
+    /// `open`, `reserved` or `spot-only`.
+    pub tier: String,
+    pub reservation_id: Option<String>,
+    pub available_until: Option<String>,
+}
+
+impl From<queries::Catalog> for Catalog {
+    fn from(c: queries::Catalog) -> Self {
+        Catalog {
+            org_id: c.org_id,
+            at: c.at,
+            nodes: c
+                .nodes
+                .into_iter()
+                .map(|n| CatalogNode {
+                    node_id: n.node_id,
+                    region: n.region,
+                    units: n
+                        .units
+                        .into_iter()
+                        .map(|u| CatalogUnit {
+                            class: u.class.as_str().to_string(),
+                            device_class: api_name(&u.device_class),
+                            tier: api_name(&u.tier),
+                            id: u.id,
+                            model: u.model,
+                            memory_gib: u.memory_gib,
+                            nvlink_domain: u.nvlink_domain,
+                            reservation_id: u.reservation_id,
+                            available_until: u.available_until,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
