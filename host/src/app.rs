@@ -19,16 +19,25 @@ pub struct App {
     pub policy: Arc<PolicyHost>,
     /// Where the server keeps its files (SQLite database, admin key).
     pub data_dir: PathBuf,
+    /// The providers' share of what tenants are charged, in basis points (0-10000).
+    pub provider_share_bps: u32,
 }
 
 impl App {
-    pub fn new(store: Store, clock: Clock, policy: Arc<PolicyHost>, data_dir: PathBuf) -> Arc<App> {
+    pub fn new(
+        store: Store,
+        clock: Clock,
+        policy: Arc<PolicyHost>,
+        data_dir: PathBuf,
+        provider_share_bps: u32,
+    ) -> Arc<App> {
         Arc::new(App {
             store,
             clock,
             metrics: Arc::new(Metrics::new()),
             policy,
             data_dir,
+            provider_share_bps,
         })
     }
 

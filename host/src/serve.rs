@@ -28,6 +28,11 @@ pub struct ServeArgs {
     /// Seed a provider with NVLink nodes, a tenant and keys, and print what to try.
     #[arg(long)]
     pub demo: bool,
+    /// The providers' share of what tenants are charged, in basis points (8000 = 80 %).
+    #[arg(long, env = "ORL_PROVIDER_SHARE_BPS",
+          default_value_t = crate::earnings::DEFAULT_PROVIDER_SHARE_BPS,
+          value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub provider_share_bps: u32,
 }
 
 /// Environment variable holding the bootstrap admin key (`or_…`).
@@ -58,7 +63,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store = Store::open(&url).await?;
     tracing::info!(backend = ?store.backend(), "database ready");
     let policy = crate::policy::PolicyHost::new(&args.data_dir)?;
-    let app = App::new(store, clock, policy, args.data_dir.clone());
+    let app = App::new(
+        store,
+        clock,
+        policy,
+        args.data_dir.clone(),
+        args.provider_share_bps,
+    );
     let generated = bootstrap(&app, admin_key.as_deref()).await?;
     if let Some(secret) = &generated {
         eprintln!(

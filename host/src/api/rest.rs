@@ -1,6 +1,7 @@
 //! REST `/v1`: one submodule per resource, each contributing its documented routes.
 
 mod audit;
+mod earnings;
 mod events;
 mod iam;
 mod node_reservations;
@@ -8,6 +9,7 @@ mod nodes;
 mod orgs;
 mod plugins;
 mod pools;
+mod spot;
 
 use std::sync::Arc;
 
@@ -30,9 +32,11 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .merge(node_reservations::router())
         .merge(audit::router())
         .merge(pools::router())
+        .merge(earnings::router())
         .merge(plugins::router())
         .merge(iam::router())
         .merge(events::router())
+        .merge(spot::router())
         .merge(crate::api::rpc::router())
 }
 

@@ -377,16 +377,26 @@ pub async fn update(conn: &mut AnyConnection, r: &Reservation, expected: State) 
 }
 
 /// Books `units` of `node_id` and its host resources for the reservation over its window.
+/// Each unit's booking carries the price per GPU-hour of the tenant's offer for the pool
+/// as it is now (0 without a price), which metering charges for as long as it holds.
 pub async fn insert_bookings(
     conn: &mut AnyConnection,
     r: &Reservation,
     node_id: &str,
     units: &[String],
 ) -> sqlx::Result<()> {
+    let price: Option<Option<i64>> = sqlx::query_scalar(
+        "SELECT price_per_gpu_hour_minor FROM offers WHERE pool_id = $1 AND tenant_id = $2",
+    )
+    .bind(&r.pool_id)
+    .bind(&r.tenant_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let price = price.flatten().unwrap_or(0);
     for unit in units {
         sqlx::query(
-            "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active, price_per_gpu_hour_minor)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(&r.id)
         .bind(node_id)
@@ -395,6 +405,7 @@ pub async fn insert_bookings(
         .bind(r.end_ms)
         .bind(r.spot)
         .bind(true)
+        .bind(price)
         .execute(&mut *conn)
         .await?;
     }
