@@ -9,16 +9,33 @@ from wit_world.imports import types
 import spread
 
 
+NO_DOMAIN = 0xFFFFFFFF
+
+
 def nodes_of(candidates: types.Candidates) -> list[SimpleNamespace]:
-    """Each candidate node with its free units resolved from the flat ``candidates.units``."""
+    """Each candidate node with its free units gathered from the candidate columns; a unit's
+    id is its position in the columns."""
+    units = candidates.units
+
+    def unit(i: int) -> SimpleNamespace:
+        domain = units.nvlink_domain[i]
+        return SimpleNamespace(
+            id=i,
+            class_=units.class_[i],
+            model=units.model[i],
+            nvlink_domain=None if domain == NO_DOMAIN else domain,
+            memory_gib=units.memory_gib[i],
+        )
+
+    nodes = candidates.nodes
     return [
         SimpleNamespace(
-            id=n.id,
-            busy_units=n.busy_units,
-            total_units=n.total_units,
-            free=candidates.units[n.free.start : n.free.start + n.free.len],
+            id=nodes.id[j],
+            busy_units=nodes.busy_units[j],
+            total_units=nodes.total_units[j],
+            free=[unit(i) for i in range(nodes.free[j].start, nodes.free[j].start + nodes.free[j].len)],
         )
-        for n in candidates.nodes
+        for j in range(len(nodes.id))
     ]
 
 

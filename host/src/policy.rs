@@ -3,9 +3,10 @@
 //! pools.
 //!
 //! One [`wasmtime::Engine`] with the pooling allocator and epoch interruption; components
-//! compiled once, cached by content hash in memory and (precompiled) on disk; a fresh
-//! instance per decision from an `InstancePre`; an epoch deadline per call and a cap on the
-//! total linear memory of each instance. A plugin sees WASI with no environment, no
+//! compiled once, cached by content hash in memory and (precompiled) on disk; instances
+//! made from an `InstancePre` and kept warm between decisions of the same plugin and
+//! config (an instance that fails a decision in any way is thrown away); an epoch deadline
+//! per call and a cap on the total linear memory of each instance. A plugin sees WASI with no environment, no
 //! arguments, no stdio, no network, and only its read-only config directory at `/config`,
 //! plus the host's `log`. Whatever a plugin does, it fails only its own decision.
 
@@ -22,7 +23,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
+use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
 };
@@ -34,6 +35,9 @@ pub const DEFAULT_DEADLINE_MS: u64 = 50;
 pub const DEFAULT_MEMORY_BYTES: usize = 64 << 20;
 /// The epoch advances this often; deadlines are counted in it.
 const EPOCH_TICK: Duration = Duration::from_millis(1);
+/// Warm instances kept per plugin and config, and in all.
+const IDLE_PER_KEY: usize = 4;
+const IDLE_TOTAL: usize = 64;
 
 /// The worlds a plugin may implement.
 #[derive(
@@ -148,14 +152,40 @@ impl ResourceLimiter for MemoryCap {
 pub struct Loaded {
     pub id: String,
     pub world: World,
-    pre: InstancePre<PluginState>,
+    pre: Pre,
 }
+
+/// A plugin's `InstancePre` with the export indices of its world resolved.
+enum Pre {
+    Placer(bindings::placer::PlacerPre<PluginState>),
+    Preemptor(bindings::preemptor::PreemptorPre<PluginState>),
+    SpendGuard(bindings::spend_guard::SpendGuardPre<PluginState>),
+}
+
+/// An instance's exports, typed by world.
+enum Bound {
+    Placer(bindings::placer::Placer),
+    Preemptor(bindings::preemptor::Preemptor),
+    SpendGuard(bindings::spend_guard::SpendGuard),
+}
+
+/// An instance that answered its last decision, ready for the next one of the same plugin
+/// and config. Its linear memory (and whatever the plugin keeps in it) persists between
+/// decisions; a policy must not depend on that.
+struct Warm {
+    store: Store<PluginState>,
+    bound: Bound,
+}
+
+/// Warm instances are keyed by plugin id and config directory.
+type WarmKey = (String, PathBuf);
 
 /// The runtime: engine, linker, and the compiled plugins.
 pub struct PolicyHost {
     engine: Engine,
     linker: Linker<PluginState>,
     loaded: Mutex<HashMap<String, Arc<Loaded>>>,
+    idle: Mutex<HashMap<WarmKey, Vec<Warm>>>,
     cache_dir: PathBuf,
     config_root: PathBuf,
     defaults: std::sync::OnceLock<HashMap<World, Arc<Loaded>>>,
@@ -218,6 +248,7 @@ impl PolicyHost {
             engine,
             linker,
             loaded: Mutex::new(HashMap::new()),
+            idle: Mutex::new(HashMap::new()),
             cache_dir,
             config_root,
             defaults: std::sync::OnceLock::new(),
@@ -266,12 +297,12 @@ impl PolicyHost {
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             refuse(format!("the component needs imports a plugin may not use (only WASI without network and orl:policy/log): {e:#}"))
         })?;
-        let world = if bindings::placer::PlacerPre::new(pre.clone()).is_ok() {
-            World::Placer
-        } else if bindings::preemptor::PreemptorPre::new(pre.clone()).is_ok() {
-            World::Preemptor
-        } else if bindings::spend_guard::SpendGuardPre::new(pre.clone()).is_ok() {
-            World::SpendGuard
+        let (world, pre) = if let Ok(pre) = bindings::placer::PlacerPre::new(pre.clone()) {
+            (World::Placer, Pre::Placer(pre))
+        } else if let Ok(pre) = bindings::preemptor::PreemptorPre::new(pre.clone()) {
+            (World::Preemptor, Pre::Preemptor(pre))
+        } else if let Ok(pre) = bindings::spend_guard::SpendGuardPre::new(pre) {
+            (World::SpendGuard, Pre::SpendGuard(pre))
         } else {
             return Err(refuse("the component exports none of the worlds placer, preemptor or spend-guard of orl:policy@0.1.0".into()));
         };
@@ -339,21 +370,19 @@ impl PolicyHost {
         Ok(dir)
     }
 
-    /// A store for one decision: no environment, no stdio, no network, the plugin's config
-    /// directory read-only at `/config`, the memory cap and the deadline.
-    fn store(
+    /// A new instance of `loaded`: no environment, no stdio, no network, the config
+    /// directory `dir` read-only at `/config`, and the memory cap.
+    fn instantiate(
         &self,
         loaded: &Loaded,
-        config: Option<&serde_json::Value>,
-        deadline_ms: u64,
+        dir: &Path,
         memory_bytes: usize,
-    ) -> anyhow::Result<Store<PluginState>> {
+    ) -> anyhow::Result<Warm> {
         let mut wasi = WasiCtx::builder();
         wasi.allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
-        let dir = self.config_dir(&loaded.id, config)?;
-        wasi.preopened_dir(&dir, "/config", FsPerms::ReadOnly)?;
+        wasi.preopened_dir(dir, "/config", FsPerms::ReadOnly)?;
         let state = PluginState {
             plugin_id: loaded.id.clone(),
             wasi: wasi.build(),
@@ -366,52 +395,86 @@ impl PolicyHost {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(deadline_ms.max(1));
         store.epoch_deadline_trap();
-        Ok(store)
+        // The start of an instance counts against the deadline of its first decision only
+        // through the call below; instantiation itself gets a generous one.
+        store.set_epoch_deadline(1_000);
+        let bound = match &loaded.pre {
+            Pre::Placer(pre) => Bound::Placer(pre.instantiate(&mut store)?),
+            Pre::Preemptor(pre) => Bound::Preemptor(pre.instantiate(&mut store)?),
+            Pre::SpendGuard(pre) => Bound::SpendGuard(pre.instantiate(&mut store)?),
+        };
+        Ok(Warm { store, bound })
     }
 
-    /// Runs `call` on a fresh instance of `loaded`, turning a trap, a missed deadline or
-    /// the memory cap into a [`Failure`] of that plugin.
+    /// Runs `call` on a warm instance of `loaded` (a new one when none is idle), turning a
+    /// trap, a missed deadline or the memory cap into a [`Failure`] of that plugin. An
+    /// instance that answered goes back to the idle set; one that failed is dropped.
     fn run<R>(
         &self,
         loaded: &Loaded,
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
-        call: impl FnOnce(&mut Store<PluginState>, &InstancePre<PluginState>) -> wasmtime::Result<R>,
+        call: impl FnOnce(&mut Store<PluginState>, &Bound) -> wasmtime::Result<R>,
     ) -> Result<R, Failure> {
         let fail = |kind, message: String| Failure {
             plugin_id: loaded.id.clone(),
             kind,
             message,
         };
-        let mut store = self
-            .store(loaded, config, deadline_ms, DEFAULT_MEMORY_BYTES)
-            .map_err(|e| fail(FailureKind::Trap, format!("preparing the instance: {e:#}")))?;
-        call(&mut store, &loaded.pre).map_err(|err| {
-            let kind = if store.data().limits.hit {
-                FailureKind::Memory
-            } else if matches!(
-                err.downcast_ref::<wasmtime::Trap>(),
-                Some(wasmtime::Trap::Interrupt)
-            ) {
-                FailureKind::Deadline
-            } else {
-                FailureKind::Trap
-            };
-            let message = match kind {
-                FailureKind::Deadline => format!("did not answer within {deadline_ms} ms"),
-                FailureKind::Memory => format!(
-                    "exceeded its memory cap of {} MiB",
-                    DEFAULT_MEMORY_BYTES >> 20
-                ),
-                _ => format!("{err:#}").chars().take(500).collect(),
-            };
-            fail(kind, message)
-        })
+        let prepare =
+            |e: anyhow::Error| fail(FailureKind::Trap, format!("preparing the instance: {e:#}"));
+        let dir = self.config_dir(&loaded.id, config).map_err(prepare)?;
+        let key = (loaded.id.clone(), dir);
+        let idle = self
+            .idle
+            .lock()
+            .expect("idle instances")
+            .get_mut(&key)
+            .and_then(Vec::pop);
+        let mut warm = match idle {
+            Some(warm) => warm,
+            None => self
+                .instantiate(loaded, &key.1, DEFAULT_MEMORY_BYTES)
+                .map_err(prepare)?,
+        };
+        warm.store.set_epoch_deadline(deadline_ms.max(1));
+        let Warm { store, bound } = &mut warm;
+        match call(store, bound) {
+            Ok(answer) => {
+                let mut idle = self.idle.lock().expect("idle instances");
+                let total: usize = idle.values().map(Vec::len).sum();
+                let kept = idle.entry(key).or_default();
+                if kept.len() < IDLE_PER_KEY && total < IDLE_TOTAL {
+                    kept.push(warm);
+                }
+                Ok(answer)
+            }
+            Err(err) => {
+                let kind = if warm.store.data().limits.hit {
+                    FailureKind::Memory
+                } else if matches!(
+                    err.downcast_ref::<wasmtime::Trap>(),
+                    Some(wasmtime::Trap::Interrupt)
+                ) {
+                    FailureKind::Deadline
+                } else {
+                    FailureKind::Trap
+                };
+                let message = match kind {
+                    FailureKind::Deadline => format!("did not answer within {deadline_ms} ms"),
+                    FailureKind::Memory => format!(
+                        "exceeded its memory cap of {} MiB",
+                        DEFAULT_MEMORY_BYTES >> 20
+                    ),
+                    _ => format!("{err:#}").chars().take(500).collect(),
+                };
+                Err(fail(kind, message))
+            }
+        }
     }
 
-    /// Runs the placer `loaded` on a fresh instance.
+    /// Runs the placer `loaded`.
     pub fn place(
         &self,
         loaded: &Loaded,
@@ -420,10 +483,10 @@ impl PolicyHost {
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<orl_placer_default::Placement, String>, Failure> {
-        let answer = self.run(loaded, config, deadline_ms, |store, pre| {
-            let placer = bindings::placer::PlacerPre::new(pre.clone())?.instantiate(&mut *store)?;
-            let (req, candidates) = placer::to_wit(request, candidates);
-            placer.call_place(store, &req, &candidates)
+        let (req, candidates) = placer::to_wit(request, candidates);
+        let answer = self.run(loaded, config, deadline_ms, |store, bound| match bound {
+            Bound::Placer(placer) => placer.call_place(store, &req, &candidates),
+            _ => Err(wasmtime::Error::msg("the plugin is not a placer")),
         })?;
         Ok(answer.map(|p| orl_placer_default::Placement {
             node: p.node,
@@ -431,7 +494,7 @@ impl PolicyHost {
         }))
     }
 
-    /// Runs the preemptor `loaded` on a fresh instance: the indices of the spot bookings to
+    /// Runs the preemptor `loaded`: the indices of the spot bookings to
     /// terminate, or why nothing can make room.
     pub fn preempt(
         &self,
@@ -442,16 +505,17 @@ impl PolicyHost {
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<Vec<u32>, String>, Failure> {
-        self.run(loaded, config, deadline_ms, |store, pre| {
-            let preemptor =
-                bindings::preemptor::PreemptorPre::new(pre.clone())?.instantiate(&mut *store)?;
-            let (req, candidates) = placer::to_wit(request, candidates);
-            let spot: Vec<_> = spot.iter().map(placer::spot_to_wit).collect();
-            preemptor.call_choose_victims(store, &req, &candidates, &spot)
+        let (req, candidates) = placer::to_wit(request, candidates);
+        let spot: Vec<_> = spot.iter().map(placer::spot_to_wit).collect();
+        self.run(loaded, config, deadline_ms, |store, bound| match bound {
+            Bound::Preemptor(preemptor) => {
+                preemptor.call_choose_victims(store, &req, &candidates, &spot)
+            }
+            _ => Err(wasmtime::Error::msg("the plugin is not a preemptor")),
         })
     }
 
-    /// Runs the spend-guard `loaded` on a fresh instance: `Ok(Ok(()))` allows the charge.
+    /// Runs the spend-guard `loaded`: `Ok(Ok(()))` allows the charge.
     pub fn spend(
         &self,
         loaded: &Loaded,
@@ -461,9 +525,10 @@ impl PolicyHost {
         deadline_ms: u64,
     ) -> Result<Result<(), String>, Failure> {
         use bindings::placer::orl::policy::types as wit;
-        self.run(loaded, config, deadline_ms, |store, pre| {
-            let guard =
-                bindings::spend_guard::SpendGuardPre::new(pre.clone())?.instantiate(&mut *store)?;
+        self.run(loaded, config, deadline_ms, |store, bound| {
+            let Bound::SpendGuard(guard) = bound else {
+                return Err(wasmtime::Error::msg("the plugin is not a spend-guard"));
+            };
             let charge = wit::Charge {
                 amount_minor: charge.amount_minor,
                 gpu_count: charge.gpu_count,

@@ -154,6 +154,13 @@ async fn the_cli_reserves_and_releases_units_as_in_the_seed(db: Db) {
         )),
     )
     .await;
+    let spot = orl_json(
+        &server,
+        &provider,
+        &words("provider spot-workload reclaim n1 --org acme --dry-run"),
+    )
+    .await;
+    assert_eq!(spot, json!({ "terminated": [], "skipped": [] }));
     let listed = orl(&server, &provider, &["reservations", "list", "n1"]).await;
     assert!(listed.contains(id) && listed.contains("active"), "{listed}");
     let catalog = orl(&server, &admin, &["catalog", "tenant-a"]).await;

@@ -103,6 +103,7 @@ on_both_databases!(
     hostile_plugins_fail_only_their_own_decision,
     plugins_cannot_reach_files_environment_or_network_but_read_their_config,
     a_pool_may_fall_back_to_the_default_when_its_plugin_fails,
+    swapping_a_pools_placer_under_load_never_fails_or_double_books,
 );
 
 async fn an_uploaded_placer_changes_where_reservations_go(db: Db) {
@@ -331,4 +332,46 @@ async fn a_pool_may_fall_back_to_the_default_when_its_plugin_fails(db: Db) {
             && placed_by.contains("trap"),
         "{placed_by}"
     );
+}
+
+async fn swapping_a_pools_placer_under_load_never_fails_or_double_books(db: Db) {
+    let w = world(db).await;
+    let spread = w.upload("orl_placer_spread.wasm").await;
+    let default_placed = w.create(&w.pool, "warm-up", 1).await.1["placement"]["placedBy"].clone();
+    let creates: Vec<_> = (0..15)
+        .map(|i| {
+            let tenant = w.tenant.clone();
+            let body = json!({ "tenantId": "tenant-a", "poolId": w.pool,
+                               "devices": [{ "class": "gpu", "count": 1 }],
+                               "duration": "2h", "idempotencyKey": format!("load-{i}") });
+            tokio::spawn(async move { tenant.post("/api/compute/reservations/create", body).await })
+        })
+        .collect();
+    for swap in 0..6 {
+        let placement = if swap % 2 == 0 {
+            json!({ "placement": spread["id"] })
+        } else {
+            json!({})
+        };
+        w.assign(&w.pool, placement).await;
+    }
+
+    let mut units = Vec::new();
+    for create in creates {
+        let (status, r) = create.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{r}");
+        assert_eq!(r["state"], "placed", "{r}");
+        let by = &r["placement"]["placedBy"];
+        assert!(
+            *by == spread["id"] || *by == default_placed,
+            "each decision is made by one of the two placers: {r}"
+        );
+        units.push(format!(
+            "{}/{}",
+            r["placement"]["nodeId"], r["placement"]["unitIds"][0]
+        ));
+    }
+    units.sort();
+    units.dedup();
+    assert_eq!(units.len(), 15, "no unit booked twice");
 }

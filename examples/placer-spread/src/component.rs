@@ -1,5 +1,5 @@
 //! The `placer` world export: converts the WIT records to this crate's types (each node
-//! with its free units resolved from the flat `candidates.units`), runs
+//! with its free units resolved from the candidate columns), runs
 //! [`crate::place`] and converts the answer back.
 
 wit_bindgen::generate!({
@@ -26,28 +26,26 @@ impl Guest for SpreadPlacer {
                 .collect(),
             models: req.models,
         };
-        let units: Vec<crate::Unit> = candidates
-            .units
-            .into_iter()
-            .map(|u| crate::Unit {
-                id: u.id,
-                class: class(u.class),
-                model: u.model,
-                nvlink_domain: u.nvlink_domain,
-                memory_gib: u.memory_gib,
+        let wit::Candidates { nodes, units, .. } = candidates;
+        let units: Vec<crate::Unit> = (0..units.class.len())
+            .map(|i| crate::Unit {
+                id: i as u32,
+                class: class(units.class[i]),
+                model: units.model[i],
+                nvlink_domain: Some(units.nvlink_domain[i]).filter(|d| *d != u32::MAX),
+                memory_gib: units.memory_gib[i],
             })
             .collect();
-        let nodes: Vec<crate::Node> = candidates
-            .nodes
-            .into_iter()
-            .map(|n| {
-                let start = n.free.start as usize;
+        let nodes: Vec<crate::Node> = (0..nodes.id.len())
+            .map(|j| {
+                let free = nodes.free[j];
+                let start = free.start as usize;
                 crate::Node {
-                    id: n.id,
-                    busy_units: n.busy_units,
-                    total_units: n.total_units,
+                    id: nodes.id[j],
+                    busy_units: nodes.busy_units[j],
+                    total_units: nodes.total_units[j],
                     free: units
-                        .get(start..start + n.free.len as usize)
+                        .get(start..start + free.len as usize)
                         .unwrap_or(&[])
                         .to_vec(),
                 }

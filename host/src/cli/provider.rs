@@ -1,4 +1,4 @@
-//! `orl provider …`: what a provider org runs and earns. Each subcommand is one variant of
+//! `orl provider …`: what a provider org runs and earns, and its spot workloads. Each subcommand is one variant of
 //! [`ProviderCommand`] with its own arguments and one arm in [`run`].
 
 use anyhow::{Context as _, bail};
@@ -16,6 +16,33 @@ pub enum ProviderCommand {
     Earnings(EarningsArgs),
     /// Record a payout to a provider org (platform operators).
     Payout(PayoutArgs),
+    /// Spot workloads on the org's nodes.
+    #[command(subcommand)]
+    SpotWorkload(SpotWorkloadCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SpotWorkloadCommand {
+    /// Terminate the spot workloads on a node the org owns, or on the released units of
+    /// reservations it manages there. Non-spot workloads are never touched.
+    Reclaim(ReclaimArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReclaimArgs {
+    node_id: String,
+    /// The org acting; defaults to the org of the API key.
+    #[arg(long)]
+    org: Option<String>,
+    /// Limit to these units.
+    #[arg(long, value_delimiter = ',')]
+    unit_ids: Option<Vec<String>>,
+    /// Recorded in the audit trail.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Report what would be terminated, and terminate nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -50,6 +77,20 @@ pub(super) async fn run(client: &Client, command: ProviderCommand) -> anyhow::Re
                     .await?,
                 earnings,
             )
+        }
+        ProviderCommand::SpotWorkload(SpotWorkloadCommand::Reclaim(args)) => {
+            let org = match args.org {
+                Some(org) => org,
+                None => own_org(client).await?,
+            };
+            let body = render::without_nulls(json!({
+                "unitIds": args.unit_ids, "reason": args.reason, "dryRun": args.dry_run,
+            }));
+            let path = format!(
+                "/v1/orgs/{org}/provider/nodes/{}/reclaim-spot",
+                args.node_id
+            );
+            (client.post(&path, &body).await?, render::object)
         }
         ProviderCommand::Payout(args) => {
             let body = render::without_nulls(json!({

@@ -111,16 +111,15 @@ pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wi
     }
 }
 
-/// The records of one call, as the component takes them: a few flat lists, whatever the
-/// number of candidates.
+/// `units.nvlink-domain` of a unit in no NVLink domain.
+const NO_DOMAIN: u32 = u32::MAX;
+
+/// The records of one call, as the component takes them: columns of numbers, whatever the
+/// number of candidates. Unit ids are their positions, as the snapshot already numbers them.
 pub(super) fn to_wit(
     request: &PlacementRequest,
     candidates: &Candidates,
 ) -> (wit::Request, wit::Candidates) {
-    let span = |s: orl_placer_default::Span| wit::Span {
-        start: s.start,
-        len: s.len,
-    };
     let request = wit::Request {
         devices: request
             .devices
@@ -136,38 +135,35 @@ pub(super) fn to_wit(
         duration_seconds: request.duration_seconds,
         models: request.models.clone(),
     };
+    let span = |s: orl_placer_default::Span| wit::Span {
+        start: s.start,
+        len: s.len,
+    };
+    let nodes = &candidates.nodes;
+    let units = &candidates.units;
+    let domains = &candidates.domains;
     let candidates = wit::Candidates {
-        nodes: candidates
-            .nodes
-            .iter()
-            .map(|n| wit::Node {
-                id: n.id,
-                busy_units: n.busy_units,
-                total_units: n.total_units,
-                domains: span(n.domains),
-                free: span(n.free),
-            })
-            .collect(),
-        units: candidates
-            .units
-            .iter()
-            .map(|u| wit::Unit {
-                id: u.id,
-                class: class(u.class),
-                model: u.model,
-                nvlink_domain: u.nvlink_domain,
-                memory_gib: u.memory_gib,
-            })
-            .collect(),
-        domains: candidates
-            .domains
-            .iter()
-            .map(|d| wit::DomainLoad {
-                domain: d.domain,
-                busy: d.busy,
-                total: d.total,
-            })
-            .collect(),
+        nodes: wit::Nodes {
+            id: nodes.iter().map(|n| n.id).collect(),
+            busy_units: nodes.iter().map(|n| n.busy_units).collect(),
+            total_units: nodes.iter().map(|n| n.total_units).collect(),
+            domains: nodes.iter().map(|n| span(n.domains)).collect(),
+            free: nodes.iter().map(|n| span(n.free)).collect(),
+        },
+        units: wit::Units {
+            class: units.iter().map(|u| class(u.class)).collect(),
+            model: units.iter().map(|u| u.model).collect(),
+            nvlink_domain: units
+                .iter()
+                .map(|u| u.nvlink_domain.unwrap_or(NO_DOMAIN))
+                .collect(),
+            memory_gib: units.iter().map(|u| u.memory_gib).collect(),
+        },
+        domains: wit::Domains {
+            domain: domains.iter().map(|d| d.domain).collect(),
+            busy: domains.iter().map(|d| d.busy).collect(),
+            total: domains.iter().map(|d| d.total).collect(),
+        },
     };
     (request, candidates)
 }

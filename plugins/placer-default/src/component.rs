@@ -40,16 +40,6 @@ fn class(class: wit::DeviceClass) -> crate::DeviceClass {
     }
 }
 
-fn unit(unit: wit::Unit) -> crate::Unit {
-    crate::Unit {
-        id: unit.id,
-        class: class(unit.class),
-        model: unit.model,
-        nvlink_domain: unit.nvlink_domain,
-        memory_gib: unit.memory_gib,
-    }
-}
-
 fn span(span: wit::Span) -> crate::Span {
     crate::Span {
         start: span.start,
@@ -57,27 +47,37 @@ fn span(span: wit::Span) -> crate::Span {
     }
 }
 
+/// The columns of the call as this crate's rows; a unit's id is its position.
 fn candidates(candidates: wit::Candidates) -> crate::Candidates {
+    let wit::Candidates {
+        nodes,
+        units,
+        domains,
+    } = candidates;
     crate::Candidates {
-        nodes: candidates
-            .nodes
-            .into_iter()
-            .map(|n| crate::Node {
-                id: n.id,
-                busy_units: n.busy_units,
-                total_units: n.total_units,
-                domains: span(n.domains),
-                free: span(n.free),
+        nodes: (0..nodes.id.len())
+            .map(|j| crate::Node {
+                id: nodes.id[j],
+                busy_units: nodes.busy_units[j],
+                total_units: nodes.total_units[j],
+                domains: span(nodes.domains[j]),
+                free: span(nodes.free[j]),
             })
             .collect(),
-        units: candidates.units.into_iter().map(unit).collect(),
-        domains: candidates
-            .domains
-            .into_iter()
-            .map(|d| crate::DomainLoad {
-                domain: d.domain,
-                busy: d.busy,
-                total: d.total,
+        units: (0..units.class.len())
+            .map(|i| crate::Unit {
+                id: i as u32,
+                class: class(units.class[i]),
+                model: units.model[i],
+                nvlink_domain: Some(units.nvlink_domain[i]).filter(|d| *d != u32::MAX),
+                memory_gib: units.memory_gib[i],
+            })
+            .collect(),
+        domains: (0..domains.domain.len())
+            .map(|i| crate::DomainLoad {
+                domain: domains.domain[i],
+                busy: domains.busy[i],
+                total: domains.total[i],
             })
             .collect(),
     }

@@ -1,5 +1,5 @@
 //! The `preemptor` world export: converts the WIT records to this crate's types (nodes
-//! and bookings with their units resolved from the flat candidate lists), runs
+//! and bookings with their units resolved from the candidate columns), runs
 //! [`crate::choose_victims`] and converts the answer back.
 
 wit_bindgen::generate!({
@@ -19,25 +19,34 @@ impl Guest for DefaultPreemptor {
         spot: Vec<wit::SpotBooking>,
     ) -> Result<Vec<u32>, String> {
         let req = request(req);
-        let units: Vec<crate::Unit> = candidates.units.into_iter().map(unit).collect();
-        let domains: Vec<crate::DomainLoad> = candidates
-            .domains
-            .into_iter()
-            .map(|d| crate::DomainLoad {
-                domain: d.domain,
-                busy: d.busy,
-                total: d.total,
+        let wit::Candidates {
+            nodes,
+            units,
+            domains,
+        } = candidates;
+        let units: Vec<crate::Unit> = (0..units.class.len())
+            .map(|i| crate::Unit {
+                id: i as u32,
+                class: class(units.class[i]),
+                model: units.model[i],
+                nvlink_domain: Some(units.nvlink_domain[i]).filter(|d| *d != u32::MAX),
+                memory_gib: units.memory_gib[i],
             })
             .collect();
-        let nodes: Vec<crate::Node> = candidates
-            .nodes
-            .into_iter()
-            .map(|n| crate::Node {
-                id: n.id,
-                busy_units: n.busy_units,
-                total_units: n.total_units,
-                domains: run(&domains, n.domains).to_vec(),
-                free: run(&units, n.free).to_vec(),
+        let domains: Vec<crate::DomainLoad> = (0..domains.domain.len())
+            .map(|i| crate::DomainLoad {
+                domain: domains.domain[i],
+                busy: domains.busy[i],
+                total: domains.total[i],
+            })
+            .collect();
+        let nodes: Vec<crate::Node> = (0..nodes.id.len())
+            .map(|j| crate::Node {
+                id: nodes.id[j],
+                busy_units: nodes.busy_units[j],
+                total_units: nodes.total_units[j],
+                domains: run(&domains, nodes.domains[j]).to_vec(),
+                free: run(&units, nodes.free[j]).to_vec(),
             })
             .collect();
         let spot: Vec<crate::SpotBooking> = spot
@@ -74,16 +83,6 @@ fn class(class: wit::DeviceClass) -> crate::DeviceClass {
         wit::DeviceClass::NicVf => crate::DeviceClass::NicVf,
         wit::DeviceClass::Disk => crate::DeviceClass::Disk,
         wit::DeviceClass::Node => crate::DeviceClass::Node,
-    }
-}
-
-fn unit(unit: wit::Unit) -> crate::Unit {
-    crate::Unit {
-        id: unit.id,
-        class: class(unit.class),
-        model: unit.model,
-        nvlink_domain: unit.nvlink_domain,
-        memory_gib: unit.memory_gib,
     }
 }
 

@@ -21,13 +21,7 @@ impl Guest for InvalidAnswer {
     fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         let valid = first_fit(&req, &candidates)
             .map_err(|_| "invalid-answer fixture: no valid placement to break".to_string())?;
-        let never_offered = candidates
-            .units
-            .iter()
-            .map(|u| u.id)
-            .max()
-            .unwrap_or(0)
-            .wrapping_add(1000);
+        let never_offered = (candidates.units.class.len() as u32).wrapping_add(1000);
         let mut units = valid.units.clone();
         let first = units.first().copied().unwrap_or(0);
         let node = match req.duration_seconds {
@@ -45,8 +39,9 @@ impl Guest for InvalidAnswer {
             }
             3 => candidates
                 .nodes
+                .id
                 .iter()
-                .map(|n| n.id)
+                .copied()
                 .find(|&id| id != valid.node)
                 .unwrap_or(valid.node),
             4 => {
@@ -55,16 +50,18 @@ impl Guest for InvalidAnswer {
             }
             5 => candidates
                 .nodes
+                .id
                 .iter()
-                .map(|n| n.id)
+                .copied()
                 .max()
                 .unwrap_or(0)
                 .wrapping_add(1000),
             6 => {
                 let entry = req.devices.iter().find(|d| d.count > 0);
-                let home = candidates.nodes.iter().find(|n| n.id == valid.node);
-                let mismatch = entry.zip(home).and_then(|(entry, home)| {
-                    free(&candidates, home).iter().find(|u| {
+                let home = candidates.nodes.id.iter().position(|&id| id == valid.node);
+                let home_units = home.map(|j| free(&candidates, j)).unwrap_or_default();
+                let mismatch = entry.and_then(|entry| {
+                    home_units.iter().find(|u| {
                         u.class != entry.class || entry.model.is_some_and(|m| m != u.model)
                     })
                 });

@@ -26,13 +26,12 @@ impl bindings::Guest for PreemptOldest {
         let wanted: u32 = req.devices.iter().map(|d| d.count).sum();
         let mut oldest_first: Vec<&SpotBooking> = spot.iter().collect();
         oldest_first.sort_by_key(|b| (b.started_at_ms, b.id));
-        candidates
-            .nodes
-            .iter()
-            .filter_map(|node| {
-                let mut room = node.free.len;
+        let nodes = &candidates.nodes;
+        (0..nodes.id.len())
+            .filter_map(|j| {
+                let mut room = nodes.free[j].len;
                 let mut victims = Vec::new();
-                for booking in oldest_first.iter().filter(|b| b.node == node.id) {
+                for booking in oldest_first.iter().filter(|b| b.node == nodes.id[j]) {
                     if room >= wanted {
                         break;
                     }

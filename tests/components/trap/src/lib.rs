@@ -9,7 +9,7 @@ impl Guest for Trap {
     fn place(_req: Request, candidates: Candidates) -> Result<Placement, String> {
         panic!(
             "trap fixture: refusing to place over {} nodes",
-            candidates.nodes.len()
+            candidates.nodes.id.len()
         )
     }
 }
