@@ -21,6 +21,8 @@ pub struct App {
     pub data_dir: PathBuf,
     /// The providers' share of what tenants are charged, in basis points (0-10000).
     pub provider_share_bps: u32,
+    /// How long a node watched by an agent may stay silent before it is lost.
+    pub node_lost_after_ms: i64,
 }
 
 impl App {
@@ -30,6 +32,7 @@ impl App {
         policy: Arc<PolicyHost>,
         data_dir: PathBuf,
         provider_share_bps: u32,
+        node_lost_after_ms: i64,
     ) -> Arc<App> {
         Arc::new(App {
             store,
@@ -38,6 +41,7 @@ impl App {
             policy,
             data_dir,
             provider_share_bps,
+            node_lost_after_ms,
         })
     }
 

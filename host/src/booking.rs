@@ -5,9 +5,11 @@
 //! of host resources and quota; all plain functions. [`engine`] runs them against the
 //! database (one module per method family), [`placement`] finds units, and the reconciler drives reservations in time.
 
+pub mod binding;
 pub mod create;
 pub mod engine;
 pub mod extend;
+pub mod gang;
 pub mod lifecycle;
 pub mod list;
 pub mod placement;
@@ -302,6 +304,15 @@ impl CreateRequest {
             validation::range("gang.size", gang.size, 2, 64)?;
             if let Some(key) = &gang.topology_key {
                 validation::text("gang.topologyKey", key, 128)?;
+                if gang::TopologyKey::parse(key).is_none() {
+                    return Err(Error::invalid(
+                        "gang.topologyKey",
+                        format!(
+                            "{key:?} is not a supported key; use {}",
+                            gang::TopologyKey::SUPPORTED.join(" or ")
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
@@ -330,7 +341,17 @@ impl CreateRequest {
         self.spot.unwrap_or(false)
     }
 
-    /// Whole GPUs asked for.
+    /// How many members a placement has: `gang.size`, or 1 without a gang.
+    pub fn gang_size(&self) -> i64 {
+        self.gang.as_ref().map_or(1, |g| g.size)
+    }
+
+    /// Whole GPUs asked for over every member of a gang.
+    pub fn total_gpu_count(&self) -> i64 {
+        self.gpu_count() * self.gang_size()
+    }
+
+    /// Whole GPUs asked for (per member for a gang).
     pub fn gpu_count(&self) -> i64 {
         self.devices
             .iter()
@@ -492,17 +513,19 @@ pub fn host_resources(
     (booked, excess)
 }
 
-/// The quota a request charges: its devices per class, and host resources above the share.
+/// The quota a request charges: its devices per class, and host resources above the share
+/// (`excess` is per node); a gang charges all of it once per member.
 pub fn quota_charge(request: &CreateRequest, excess: HostBooking) -> BTreeMap<String, i64> {
+    let members = request.gang_size();
     let mut charge = BTreeMap::new();
     for device in &request.devices {
-        *charge.entry(device.class.as_str().to_string()).or_insert(0) += device.count;
+        *charge.entry(device.class.as_str().to_string()).or_insert(0) += device.count * members;
     }
     if excess.vcpu > 0 {
-        charge.insert("vcpu".to_string(), excess.vcpu);
+        charge.insert("vcpu".to_string(), excess.vcpu * members);
     }
     if excess.memory_gib > 0 {
-        charge.insert("memoryGiB".to_string(), excess.memory_gib);
+        charge.insert("memoryGiB".to_string(), excess.memory_gib * members);
     }
     charge
 }

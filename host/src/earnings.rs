@@ -454,7 +454,7 @@ pub async fn metered_bookings(
     now: i64,
 ) -> Result<Vec<MeteredBooking>> {
     let rows = sqlx::query(
-        "SELECT b.node_id, u.model, b.start_ms, b.end_ms, b.price_per_gpu_hour_minor
+        "SELECT b.node_id, u.model, b.start_ms, COALESCE(b.billable_end_ms, b.end_ms) AS end_ms, b.price_per_gpu_hour_minor
          FROM bookings b
          JOIN nodes n ON n.id = b.node_id
          JOIN units u ON u.node_id = b.node_id AND u.id = b.unit_id

@@ -1,5 +1,7 @@
 //! The reconciler: drives compute reservations in time. `placed → active` at the window's
-//! start, `expired` at its end, `released` (`lease-lapsed`) when a lease is not renewed,
+//! start (`placed → binding` for `node` and `kubernetes` bindings, which a node agent then
+//! reports bound), marks silent nodes lost and carries devices a node still holds (see
+//! [`crate::booking::binding`]), `expired` at its end, `released` (`lease-lapsed`) when a lease is not renewed,
 //! retries `pending` every 30 s (queued ones as capacity frees), and times out
 //! `awaiting-confirmation` after 30 minutes. Every move is a conditional update on the
 //! reservation's current state, so several replicas may run it at once.
@@ -9,16 +11,20 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::booking::State;
+use crate::booking::binding;
 use crate::booking::engine;
 use crate::booking::lifecycle::terminate;
 use crate::booking::store::{self, Reservation};
+use crate::booking::{Binding, State};
 use crate::iam::confirmations::CONFIRMATION_WINDOW_MS;
 use crate::{App, Result, events};
 
 /// One pass over every reservation that time may move.
 pub async fn run_once(app: &App) -> Result<()> {
     let now = app.now_ms();
+    // Node loss and held devices first, so the work list below sees what they ended.
+    let mut freed_pools: Vec<String> = binding::detect_lost_nodes(app).await?;
+    freed_pools.extend(binding::carry_held(app).await?);
     let work = {
         let mut conn = app.store.pool().acquire().await?;
         store::in_states(
@@ -26,22 +32,24 @@ pub async fn run_once(app: &App) -> Result<()> {
             &[
                 State::AwaitingConfirmation,
                 State::Placed,
+                State::Binding,
                 State::Active,
                 State::Pending,
             ],
         )
         .await?
     };
-    let mut freed_pools: Vec<String> = Vec::new();
     for r in work {
         let transition = match r.state {
             State::AwaitingConfirmation if r.created_at + CONFIRMATION_WINDOW_MS <= now => {
                 Some((State::Expired, "confirmation-timeout"))
             }
-            State::Placed | State::Active if r.lease_deadline_ms.is_some_and(|d| d <= now) => {
+            State::Placed | State::Binding | State::Active
+                if r.lease_deadline_ms.is_some_and(|d| d <= now) =>
+            {
                 Some((State::Released, "lease-lapsed"))
             }
-            State::Placed | State::Active | State::Pending if r.end_ms <= now => {
+            State::Placed | State::Binding | State::Active | State::Pending if r.end_ms <= now => {
                 Some((State::Expired, "window-ended"))
             }
             _ => None,
@@ -82,17 +90,26 @@ async fn finish(app: &App, mut r: Reservation, state: State, reason: &str) -> Re
     Ok(done)
 }
 
-/// A held reservation becomes active at its start (`hold` needs no node to bind).
+/// A held reservation becomes active at its start (`hold` needs no node to bind); a `node`
+/// or `kubernetes` one starts `binding`, and its node is asked to bind it.
 async fn activate(app: &App, mut r: Reservation) -> Result<()> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
-    r.state = State::Active;
-    r.operate("activate", now);
+    let hold = r.binding == Binding::Hold;
+    r.state = if hold { State::Active } else { State::Binding };
+    r.operate(if hold { "activate" } else { "bind" }, now);
     if store::update(&mut tx, &r, State::Placed).await? {
+        if !hold {
+            binding::request_bind(&mut tx, &r, now).await?;
+        }
         let payload = json!({ "reservation": r.view() });
         events::emit(
             &mut tx,
-            "reservation.active",
+            if hold {
+                "reservation.active"
+            } else {
+                "reservation.binding"
+            },
             &r.id,
             &[&r.tenant_id],
             &payload,

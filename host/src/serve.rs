@@ -33,6 +33,10 @@ pub struct ServeArgs {
           default_value_t = crate::earnings::DEFAULT_PROVIDER_SHARE_BPS,
           value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub provider_share_bps: u32,
+    /// How long a node whose agent has reported may stay silent (no inventory report, no
+    /// agent call) before it is lost: its reservations fail and it gets no new placements.
+    #[arg(long, env = "ORL_NODE_LOST_AFTER", default_value = "5m")]
+    pub node_lost_after: humantime::Duration,
 }
 
 /// Environment variable holding the bootstrap admin key (`or_…`).
@@ -69,6 +73,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         policy,
         args.data_dir.clone(),
         args.provider_share_bps,
+        i64::try_from(args.node_lost_after.as_millis()).unwrap_or(i64::MAX),
     );
     let generated = bootstrap(&app, admin_key.as_deref()).await?;
     if let Some(secret) = &generated {

@@ -5,9 +5,11 @@ mod support;
 
 mod audit;
 mod auth;
+mod bindings;
 mod bootstrap;
 mod cli;
 mod compute;
+mod devices;
 mod earnings;
 mod events_stream;
 mod graphql;

@@ -1,5 +1,6 @@
 //! REST `/v1`: one submodule per resource, each contributing its documented routes.
 
+mod agent;
 mod audit;
 mod earnings;
 mod events;
@@ -29,6 +30,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .merge(orgs::router())
         .merge(nodes::router())
+        .merge(agent::router())
         .merge(node_reservations::router())
         .merge(audit::router())
         .merge(pools::router())

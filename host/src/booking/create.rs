@@ -77,16 +77,7 @@ fn check_against_pool(
                 "only the cluster's owner books kubernetes bindings into it",
             ));
         }
-        Binding::Node | Binding::Kubernetes => {
-            return Err(Error::Unsupported(
-                "node and kubernetes bindings are not served by this release".into(),
-            ));
-        }
-    }
-    if request.gang.is_some() {
-        return Err(Error::Unsupported(
-            "gangs are not served by this release".into(),
-        ));
+        Binding::Node | Binding::Kubernetes => {}
     }
     Ok(())
 }
@@ -345,6 +336,7 @@ fn new_draft(
         created_at: now,
         updated_at: now,
         unit_ids: Vec::new(),
+        members: Vec::new(),
     })
 }
 
@@ -411,8 +403,8 @@ pub(super) async fn check_budget(
     let elapsed: i64 = row.get::<Option<i64>, _>("elapsed").unwrap_or(0);
     let booked: i64 = row.get::<Option<i64>, _>("booked").unwrap_or(0);
     let charge = orl_spend_guard_default::Charge {
-        amount_minor: cost_minor(r.request.gpu_count(), r.end_ms - r.start_ms, price),
-        gpu_count: r.request.gpu_count().clamp(0, i64::from(u32::MAX)) as u32,
+        amount_minor: cost_minor(r.request.total_gpu_count(), r.end_ms - r.start_ms, price),
+        gpu_count: r.request.total_gpu_count().clamp(0, i64::from(u32::MAX)) as u32,
         duration_seconds: ((r.end_ms - r.start_ms) / 1000).max(0) as u64,
         price_per_gpu_hour_minor: price,
     };

@@ -26,16 +26,18 @@ pub(super) fn not_found(id: &str) -> Error {
     Error::not_found(format_args!("reservation {id}"))
 }
 
-/// The attributes IAM sees for a request.
+/// The attributes IAM sees for a request: `gpuCount`, `vcpu` and `memoryGiB` (with 1 GiB
+/// hugepages) are summed over every member of a gang.
 pub(super) fn attributes(request: &CreateRequest, r: &Reservation, region: &str) -> Attributes {
     let duration_ms = r.end_ms - r.start_ms;
+    let members = request.gang_size();
     Attributes {
         gpu_model: request.gpu_model().unwrap_or_default().to_string(),
-        gpu_count: request.gpu_count(),
+        gpu_count: request.total_gpu_count(),
         duration_hours: (duration_ms + 3_599_999) / 3_600_000,
         region: region.to_string(),
-        vcpu: r.resources.vcpu,
-        memory_gib: r.resources.memory_gib + r.resources.hugepages_1gi,
+        vcpu: r.resources.vcpu * members,
+        memory_gib: (r.resources.memory_gib + r.resources.hugepages_1gi) * members,
         pool_id: r.pool_id.clone(),
         spot: r.spot,
     }
@@ -110,7 +112,8 @@ pub(super) async fn try_place(
 }
 
 /// Asks the pool's placer for units on the current snapshot and books them: `Ok(())` when
-/// `r` is placed, `Err(reason)` when it does not fit (nothing written).
+/// `r` is placed, `Err(reason)` when it does not fit (nothing written). A gang is placed
+/// member by member, all or none ([`super::gang`]).
 async fn place_now(
     app: &App,
     conn: &mut AnyConnection,
@@ -118,6 +121,9 @@ async fn place_now(
     r: &mut Reservation,
     now: i64,
 ) -> Result<std::result::Result<(), String>> {
+    if r.request.gang.is_some() {
+        return super::gang::place(app, conn, pool, r, now).await;
+    }
     let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
     let offer = snapshot.candidates(r, false);
     let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
@@ -152,9 +158,19 @@ async fn place_now(
         }
         Err(err) => return Err(err.into()),
     }
-    r.state = State::Placed;
-    r.node_id = Some(node.id.clone());
+    r.members = vec![store::Member {
+        node_id: node.id.clone(),
+        unit_ids: units.clone(),
+    }];
     r.unit_ids = units;
+    mark_placed(r, node.id.clone(), decided_by, now);
+    Ok(Ok(()))
+}
+
+/// Moves `r` to `placed` on `node_id` (its first member), decided by `decided_by`.
+pub(super) fn mark_placed(r: &mut Reservation, node_id: String, decided_by: String, now: i64) {
+    r.state = State::Placed;
+    r.node_id = Some(node_id);
     r.placed_by = Some(decided_by);
     r.next_attempt_ms = None;
     r.clear_condition("Unschedulable");
@@ -162,7 +178,6 @@ async fn place_now(
     if let Some(lease) = r.lease_seconds {
         r.lease_deadline_ms = Some(now + lease * 1000);
     }
-    Ok(Ok(()))
 }
 
 pub(super) fn mark_pending(r: &mut Reservation, queued: bool, message: String, now: i64) {

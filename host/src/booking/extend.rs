@@ -187,16 +187,27 @@ async fn decide_extension(
     let mut extra = longer.clone();
     extra.start_ms = r.end_ms;
     check_budget(app, &mut conn, &pool, offer.as_ref(), &extra).await?;
-    if let Some(node) = &r.node_id {
-        if let Some(blocked_at) =
-            store::next_booking_start(&mut conn, &r.id, node, &r.unit_ids, r.end_ms, new_end)
-                .await?
+    // Every member of a gang moves together: the earliest later booking on any of them blocks.
+    let mut blocked: Option<i64> = None;
+    for member in r.members.iter().filter(|m| !m.unit_ids.is_empty()) {
+        if let Some(at) = store::next_booking_start(
+            &mut conn,
+            &r.id,
+            &member.node_id,
+            &member.unit_ids,
+            r.end_ms,
+            new_end,
+        )
+        .await?
         {
-            return Err(Error::conflict(
-                "a later booking blocks",
-                Some(json!({ "availableUntil": blocked_at })),
-            ));
+            blocked = Some(blocked.map_or(at, |b| b.min(at)));
         }
+    }
+    if let Some(blocked_at) = blocked {
+        return Err(Error::conflict(
+            "a later booking blocks",
+            Some(json!({ "availableUntil": blocked_at })),
+        ));
     }
     Ok(Some(new_end))
 }

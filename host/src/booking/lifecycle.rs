@@ -23,7 +23,10 @@ pub async fn terminate(
     now: i64,
 ) -> Result<bool> {
     let expected = r.state;
-    store::release_bookings(conn, &r.id, now).await?;
+    // A bound kubernetes reservation's devices stay booked while its node still holds them.
+    if !super::binding::on_terminate(conn, r, state, reason, now).await? {
+        store::release_bookings(conn, &r.id, now).await?;
+    }
     if let Some(charge) = r.charge.take() {
         store::apply_charge(conn, &r.pool_id, &r.tenant_id, &charge, -1, None).await?;
     }
@@ -94,7 +97,9 @@ pub async fn get(
     if r.state.is_draft() {
         return Err(not_found(&r.id));
     }
-    Ok(r.view())
+    let mut view = r.view();
+    view.binding = super::binding::view_of(&mut conn, &r).await?;
+    Ok(view)
 }
 
 /// `release`: ends a reservation now. Pending becomes `cancelled`; terminal is unchanged;

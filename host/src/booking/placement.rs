@@ -205,7 +205,10 @@ impl Snapshot {
         let mut nodes = Vec::new();
         for id in pool_node_ids {
             if let Some(node) = crate::inventory::nodes::find(conn, id).await? {
-                nodes.push(node);
+                // A lost node gets no new placements until it reports again.
+                if !node.is_lost() {
+                    nodes.push(node);
+                }
             }
         }
         let mut holds: HashMap<(String, String), Vec<Hold>> = HashMap::new();

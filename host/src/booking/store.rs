@@ -63,8 +63,28 @@ pub struct Reservation {
     pub operation: Option<Operation>,
     pub created_at: i64,
     pub updated_at: i64,
-    /// Units booked, in placement order (after placement).
+    /// Units booked, in placement order (after placement); every member's for a gang.
     pub unit_ids: Vec<String>,
+    /// The nodes holding its units and the units on each: one member, or one per node of a
+    /// gang. The first is the node `node_id` names; the others follow by node id.
+    pub members: Vec<Member>,
+}
+
+/// The units one reservation holds on one node (a gang has one member per node).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    pub node_id: String,
+    pub unit_ids: Vec<String>,
+}
+
+/// Orders `members` as a reservation shows them: `first` (its `node_id`) first, the others
+/// by node id.
+pub fn order_members(members: &mut [Member], first: Option<&str>) {
+    members.sort_by(|a, b| {
+        (Some(a.node_id.as_str()) != first, &a.node_id)
+            .cmp(&(Some(b.node_id.as_str()) != first, &b.node_id))
+    });
 }
 
 impl Reservation {
@@ -109,23 +129,39 @@ impl Reservation {
             reason: self.reason.clone(),
             placement: self.node_id.as_ref().map(|node| Placement {
                 node_id: node.clone(),
-                unit_ids: self.unit_ids.clone(),
+                unit_ids: match self.members.as_slice() {
+                    [first, _, ..] => first.unit_ids.clone(),
+                    _ => self.unit_ids.clone(),
+                },
+                members: if self.members.is_empty() {
+                    vec![Member {
+                        node_id: node.clone(),
+                        unit_ids: self.unit_ids.clone(),
+                    }]
+                } else {
+                    self.members.clone()
+                },
                 placed_by: self.placed_by.clone(),
             }),
             request: self.request.clone(),
             operation: self.operation.clone(),
+            binding: None,
             created_at: self.created_at,
             updated_at: self.updated_at,
         }
     }
 }
 
-/// Where a reservation's devices are.
+/// Where a reservation's devices are. `nodeId` and `unitIds` name the first member; a
+/// gang lists every member (one per node) in `members`.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Placement {
     pub node_id: String,
     pub unit_ids: Vec<String>,
+    /// Every node the reservation holds units on, with those units; the first is
+    /// `nodeId`'s.
+    pub members: Vec<Member>,
     /// The policy that chose the units.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placed_by: Option<String>,
@@ -161,6 +197,9 @@ pub struct ComputeReservation {
     /// The last operation applied to it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operation: Option<Operation>,
+    /// Where a `node` or `kubernetes` binding stands, once its node reported it bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binding: Option<super::binding::BindingView>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -173,8 +212,21 @@ fn decode<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|e| anyhow::anyhow!("stored {what}: {e}").into())
 }
 
-fn from_row(r: &AnyRow, unit_ids: Vec<String>) -> Result<Reservation> {
+fn from_row(r: &AnyRow, units: Vec<(String, String)>) -> Result<Reservation> {
     let state: String = r.get("state");
+    let node_id: Option<String> = r.get("node_id");
+    let mut members: Vec<Member> = Vec::new();
+    for (node, unit) in &units {
+        match members.iter_mut().find(|m| &m.node_id == node) {
+            Some(member) => member.unit_ids.push(unit.clone()),
+            None => members.push(Member {
+                node_id: node.clone(),
+                unit_ids: vec![unit.clone()],
+            }),
+        }
+    }
+    order_members(&mut members, node_id.as_deref());
+    let unit_ids = members.iter().flat_map(|m| m.unit_ids.clone()).collect();
     let binding: String = r.get("binding");
     Ok(Reservation {
         id: r.get("id"),
@@ -198,7 +250,7 @@ fn from_row(r: &AnyRow, unit_ids: Vec<String>) -> Result<Reservation> {
             .transpose()?,
         conditions: decode("conditions", &r.get::<String, _>("conditions"))?,
         reason: r.get("reason"),
-        node_id: r.get("node_id"),
+        node_id,
         placed_by: r.get("placed_by"),
         confirmation_id: r.get("confirmation_id"),
         extend_started_ms: r.get("extend_started_ms"),
@@ -210,6 +262,7 @@ fn from_row(r: &AnyRow, unit_ids: Vec<String>) -> Result<Reservation> {
         created_at: r.get("created_at"),
         updated_at: r.get("updated_at"),
         unit_ids,
+        members,
     })
 }
 
@@ -220,19 +273,19 @@ async fn load(conn: &mut AnyConnection, rows: Vec<AnyRow>) -> Result<Vec<Reserva
     }
     let ids: Vec<String> = rows.iter().map(|r| r.get("id")).collect();
     let sql = format!(
-        "SELECT reservation_id, unit_id FROM bookings WHERE reservation_id IN ({}) ORDER BY reservation_id, unit_id",
+        "SELECT reservation_id, node_id, unit_id FROM bookings WHERE reservation_id IN ({}) ORDER BY reservation_id, node_id, unit_id",
         placeholders(1, ids.len())
     );
     let mut query = sqlx::query(&sql);
     for id in &ids {
         query = query.bind(id);
     }
-    let mut units: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut units: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for row in query.fetch_all(&mut *conn).await? {
         units
             .entry(row.get("reservation_id"))
             .or_default()
-            .push(row.get("unit_id"));
+            .push((row.get("node_id"), row.get("unit_id")));
     }
     rows.iter()
         .map(|r| {

@@ -37,6 +37,16 @@ pub struct Node {
     pub created_at: String,
     pub updated_at: String,
     pub last_seen_at: String,
+    /// `NodeLost` (its agent stopped reporting; no new placements until it reports again)
+    /// and `KubernetesReleaseStuck` (pods hold released devices past their booking's end).
+    pub conditions: Vec<crate::booking::store::Condition>,
+}
+
+impl Node {
+    /// Marked lost by the reconciler and not reported since.
+    pub fn is_lost(&self) -> bool {
+        self.conditions.iter().any(|c| c.kind == "NodeLost")
+    }
 }
 
 /// What an inventory report did.
@@ -120,7 +130,7 @@ async fn try_register(
         Some(node)
             if node.region == inv.region && node.host == inv.host && node.units == inv.units =>
         {
-            sqlx::query("UPDATE nodes SET last_seen_at = $1 WHERE id = $2")
+            sqlx::query("UPDATE nodes SET last_seen_at = $1, lost_at = NULL WHERE id = $2")
                 .bind(now)
                 .bind(node_id)
                 .execute(&mut **tx)
@@ -131,7 +141,7 @@ async fn try_register(
             let bumped = topology_changed(&node.units, &inv.units);
             let updated = sqlx::query(
                 "UPDATE nodes SET region = $1, host_vcpu = $2, host_memory_gib = $3, host_hugepages_1gi = $4,
-                                  topology_gen = $5, updated_at = $6, last_seen_at = $6
+                                  topology_gen = $5, updated_at = $6, last_seen_at = $6, lost_at = NULL
                  WHERE id = $7 AND topology_gen = $8",
             )
             .bind(&inv.region)
@@ -306,7 +316,9 @@ async fn load(conn: &mut AnyConnection, org_id: Option<&str>) -> Result<Vec<Node
 }
 
 const NODE_COLUMNS: &str = "id, org_id, region, host_vcpu, host_memory_gib, host_hugepages_1gi, \
-                            topology_gen, created_at, updated_at, last_seen_at";
+                            topology_gen, created_at, updated_at, last_seen_at, lost_at, \
+                            (SELECT CAST(MIN(rb.stuck_since) AS BIGINT) FROM reservation_bindings rb \
+                             WHERE rb.node_id = nodes.id AND rb.status = 'unbinding') AS stuck_since";
 const UNIT_COLUMNS: &str = "id, class, device_class, model, memory_gib, nvlink_domain, sellable";
 
 /// The node with `id` and its units, whoever asks (callers check visibility).
@@ -346,7 +358,33 @@ fn node_from_row(r: &AnyRow, units: Vec<Unit>) -> Node {
         created_at: format_ms(r.get("created_at")),
         updated_at: format_ms(r.get("updated_at")),
         last_seen_at: format_ms(r.get("last_seen_at")),
+        conditions: node_conditions(r.get("lost_at"), r.get("stuck_since")),
     }
+}
+
+fn node_conditions(
+    lost_at: Option<i64>,
+    stuck_since: Option<i64>,
+) -> Vec<crate::booking::store::Condition> {
+    let mut conditions = Vec::new();
+    if let Some(since) = lost_at {
+        conditions.push(crate::booking::store::Condition {
+            kind: "NodeLost".into(),
+            reason: "NodeStoppedReporting".into(),
+            message: "the node's agent stopped reporting; it gets no new placements until it reports again".into(),
+            since,
+        });
+    }
+    if let Some(since) = stuck_since {
+        conditions.push(crate::booking::store::Condition {
+            kind: "KubernetesReleaseStuck".into(),
+            reason: "DevicesHeldPastBooking".into(),
+            message: "pods still hold released devices past their booking's end (NoSchedule)"
+                .into(),
+            since,
+        });
+    }
+    conditions
 }
 
 fn unit_from_row(r: &AnyRow) -> Result<Unit> {

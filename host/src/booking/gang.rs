@@ -1,0 +1,425 @@
+//! Gangs: a request with `gang.size` members, each member the request's devices (and host
+//! resources) on one node, every member on a different node, placed all or none.
+//!
+//! The placer interface stays one request, one node: the pool's placer is asked once per
+//! member, each time over the candidates minus the nodes earlier members took, and every
+//! answer is checked like any other placement. When a member does not fit, nothing is
+//! written and the whole gang is `pending` (`Unschedulable`). The members' bookings are
+//! written in one savepoint, so a concurrent booking of any chosen unit undoes them all.
+//!
+//! With `gang.topologyKey`, every member shares the key's value: candidate nodes are grouped
+//! by it and the groups tried in order, most free candidate units first (then by value),
+//! the whole gang inside one group. Nodes without a value for the key take no part.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use sqlx::AnyConnection;
+
+use super::engine::mark_placed;
+use super::placement::{Candidacy, Candidates, Refusal, Snapshot, check_choice};
+use super::store::{self, Member, Reservation, order_members};
+use crate::inventory::nodes::Node;
+use crate::pools::store::Pool;
+use crate::store::violates;
+use crate::{App, Error, Result};
+
+/// The node attribute every member of a gang must share (`gang.topologyKey`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopologyKey {
+    /// The node's reported `region`.
+    Region,
+}
+
+impl TopologyKey {
+    /// The keys `gang.topologyKey` accepts.
+    pub const SUPPORTED: [&'static str; 2] = ["region", "topology.kubernetes.io/region"];
+
+    pub fn parse(key: &str) -> Option<TopologyKey> {
+        Self::SUPPORTED
+            .contains(&key)
+            .then_some(TopologyKey::Region)
+    }
+
+    /// The node's value for this key; `None` when it reports none.
+    pub fn value(self, node: &Node) -> Option<&str> {
+        match self {
+            TopologyKey::Region => node.region.as_deref(),
+        }
+    }
+}
+
+/// The groups of nodes a gang may be placed in, in the order they are tried. `nodes` gives
+/// each node's value for the topology key (`None`: no value) and its free candidate units.
+/// Without a key (`keyed` false) every node is one group. Groups with more free units come
+/// first; ties go to the smaller value. Node indices are ascending within a group.
+pub fn groups(nodes: &[(Option<&str>, u32)], keyed: bool) -> Vec<Vec<usize>> {
+    if !keyed {
+        return vec![(0..nodes.len()).collect()];
+    }
+    let mut by_value: BTreeMap<&str, (u64, Vec<usize>)> = BTreeMap::new();
+    for (i, (value, free)) in nodes.iter().enumerate() {
+        if let Some(value) = value {
+            let group = by_value.entry(value).or_default();
+            group.0 += u64::from(*free);
+            group.1.push(i);
+        }
+    }
+    let mut ordered: Vec<(&str, (u64, Vec<usize>))> = by_value.into_iter().collect();
+    // Stable: equal free capacity keeps the value order of the map.
+    ordered.sort_by_key(|(_, (free, _))| std::cmp::Reverse(*free));
+    ordered.into_iter().map(|(_, (_, nodes))| nodes).collect()
+}
+
+/// The candidates of `offer` on the nodes `keep` accepts (by candidate node id, which is the
+/// node's index in the snapshot), renumbered so unit ids index the new list again; with
+/// the snapshot (node, unit) behind each new unit id.
+pub fn restrict(
+    offer: &Candidacy,
+    keep: impl Fn(u32) -> bool,
+) -> (Candidates, Vec<(usize, usize)>) {
+    let mut out = Candidates::default();
+    let mut index = Vec::new();
+    for node in offer.candidates.nodes.iter().filter(|n| keep(n.id)) {
+        let view = offer.candidates.view(node);
+        let first = index.len() as u32;
+        let units: Vec<_> = view
+            .free
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                index.push(offer.index[u.id as usize]);
+                super::placement::CandidateUnit {
+                    id: first + i as u32,
+                    ..u.clone()
+                }
+            })
+            .collect();
+        out.push_node(
+            node.id,
+            node.busy_units,
+            node.total_units,
+            view.domains.iter().cloned(),
+            units,
+        );
+    }
+    (out, index)
+}
+
+/// Places the gang `r` asks for on the pool's current snapshot and books every member:
+/// `Ok(())` when it is placed, `Err(reason)` when it does not fit (nothing written).
+pub(super) async fn place(
+    app: &App,
+    conn: &mut AnyConnection,
+    pool: &Pool,
+    r: &mut Reservation,
+    now: i64,
+) -> Result<std::result::Result<(), String>> {
+    let Some(gang) = r.request.gang.clone() else {
+        return Err(anyhow::anyhow!("gang placement without a gang").into());
+    };
+    let size = gang.size.max(1) as usize;
+    let key = gang.topology_key.as_deref().and_then(TopologyKey::parse);
+    let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
+    let offer = snapshot.candidates(r, false);
+    let mut free = vec![0u32; snapshot.nodes.len()];
+    for node in &offer.candidates.nodes {
+        free[node.id as usize] = node.free.len;
+    }
+    let described: Vec<(Option<&str>, u32)> = snapshot
+        .nodes
+        .iter()
+        .zip(&free)
+        .map(|(node, free)| (key.map_or(Some(""), |k| k.value(node)), *free))
+        .collect();
+    let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
+    let mut reason: Option<String> = None;
+    let scope = |group: &[usize]| match (key, group.first()) {
+        (Some(k), Some(&n)) => format!(
+            " in {} {}",
+            gang.topology_key.as_deref().unwrap_or("region"),
+            k.value(&snapshot.nodes[n]).unwrap_or_default()
+        ),
+        _ => String::new(),
+    };
+    for group in groups(&described, key.is_some()) {
+        // A group with fewer nodes offering anything than members cannot hold the gang.
+        let offering = group.iter().filter(|&&n| free[n] > 0).count();
+        if offering < size {
+            reason.get_or_insert_with(|| {
+                format!(
+                    "a gang of {size} needs {size} nodes where the request fits{}; {offering} have free units",
+                    scope(&group)
+                )
+            });
+            continue;
+        }
+        let in_group: BTreeSet<u32> = group.iter().map(|&n| n as u32).collect();
+        let mut taken: BTreeSet<u32> = BTreeSet::new();
+        let mut members: Vec<Member> = Vec::new();
+        let mut decided: Vec<String> = Vec::new();
+        let mut why = String::new();
+        while members.len() < size {
+            let (candidates, index) =
+                restrict(&offer, |id| in_group.contains(&id) && !taken.contains(&id));
+            if candidates.nodes.is_empty() {
+                why = "no other node has room".into();
+                break;
+            }
+            let decision =
+                tokio::task::block_in_place(|| placer.place(&offer.request, &candidates));
+            let (choice, decided_by) = match decision {
+                Ok(decision) => decision,
+                Err(Refusal::Unschedulable(message)) => {
+                    why = message;
+                    break;
+                }
+                Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
+            };
+            if let Err(message) = check_choice(&offer.request, &candidates, &choice) {
+                return Err(Error::PolicyFailed(crate::policy::Failure {
+                    plugin_id: placer.id(),
+                    kind: crate::policy::FailureKind::InvalidAnswer,
+                    message,
+                }));
+            }
+            let node = &snapshot.nodes[choice.node as usize];
+            let mut unit_ids: Vec<String> = choice
+                .units
+                .iter()
+                .map(|u| node.units[index[*u as usize].1].id.clone())
+                .collect();
+            unit_ids.sort();
+            taken.insert(choice.node);
+            members.push(Member {
+                node_id: node.id.clone(),
+                unit_ids,
+            });
+            if !decided.contains(&decided_by) {
+                decided.push(decided_by);
+            }
+        }
+        if members.len() == size {
+            return book(conn, r, members, decided.join(", "), now).await;
+        }
+        if reason.is_none() {
+            reason = Some(format!(
+                "a gang of {size} needs {size} nodes where the request fits{}; {} found ({why})",
+                scope(&group),
+                members.len()
+            ));
+        }
+    }
+    Ok(Err(reason.unwrap_or_else(|| {
+        "no node reports a value for the gang's topologyKey".to_string()
+    })))
+}
+
+/// Writes every member's bookings in one savepoint and marks `r` placed; a concurrent
+/// booking of any chosen unit undoes them all.
+async fn book(
+    conn: &mut AnyConnection,
+    r: &mut Reservation,
+    mut members: Vec<Member>,
+    decided_by: String,
+    now: i64,
+) -> Result<std::result::Result<(), String>> {
+    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+    for member in &members {
+        match store::insert_bookings(&mut savepoint, r, &member.node_id, &member.unit_ids).await {
+            Ok(()) => {}
+            Err(err) if violates(&err, "bookings_no_overlap") => {
+                savepoint.rollback().await?;
+                return Ok(Err("the chosen units were booked concurrently".into()));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    savepoint.commit().await?;
+    let first = members[0].node_id.clone();
+    order_members(&mut members, Some(&first));
+    r.unit_ids = members.iter().flat_map(|m| m.unit_ids.clone()).collect();
+    r.members = members;
+    mark_placed(r, first, decided_by, now);
+    Ok(Ok(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::booking::placement::{
+        CandidateUnit, DeviceAsk, DomainLoad, PlacementRequest, PolicyClass,
+    };
+
+    fn unit(id: u32, domain: u32) -> CandidateUnit {
+        CandidateUnit {
+            id,
+            class: PolicyClass::Gpu,
+            model: 0,
+            nvlink_domain: Some(domain),
+            memory_gib: 80,
+        }
+    }
+
+    /// Three snapshot nodes (0, 1, 2) with 2, 1 and 3 free units.
+    fn offer() -> Candidacy {
+        let mut candidates = Candidates::default();
+        let mut index = Vec::new();
+        let mut next = 0;
+        for (node, free) in [(0u32, 2u32), (1, 1), (2, 3)] {
+            let units: Vec<CandidateUnit> = (0..free)
+                .map(|u| {
+                    index.push((node as usize, u as usize));
+                    next += 1;
+                    unit(next - 1, node)
+                })
+                .collect();
+            let load = DomainLoad {
+                domain: node,
+                busy: 8 - free,
+                total: 8,
+            };
+            candidates.push_node(node, 8 - free, 8, [load], units);
+        }
+        Candidacy {
+            request: PlacementRequest {
+                devices: vec![DeviceAsk {
+                    class: PolicyClass::Gpu,
+                    count: 1,
+                    model: None,
+                    nvlink_all: false,
+                }],
+                spot: false,
+                duration_seconds: 3600,
+                models: vec!["H100".into()],
+            },
+            candidates,
+            index,
+            spot: Vec::new(),
+            spot_reservations: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn restricting_candidates_renumbers_units_and_keeps_the_snapshot_index() {
+        let offer = offer();
+        let (candidates, index) = restrict(&offer, |id| id != 1);
+        assert_eq!(
+            candidates.nodes.iter().map(|n| n.id).collect::<Vec<_>>(),
+            [0, 2]
+        );
+        assert_eq!(candidates.units.len(), 5);
+        assert!(
+            candidates
+                .units
+                .iter()
+                .enumerate()
+                .all(|(i, u)| u.id == i as u32)
+        );
+        assert_eq!(index, [(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]);
+        let last = candidates.view(&candidates.nodes[1]);
+        assert_eq!(last.free.len(), 3);
+        assert_eq!(last.domains[0].domain, 2);
+        assert_eq!(last.domains[0].busy, 5);
+    }
+
+    #[test]
+    fn an_answer_on_an_excluded_node_is_refused() {
+        let offer = offer();
+        let (candidates, _) = restrict(&offer, |id| id != 1);
+        let on_taken = crate::booking::placement::Choice {
+            node: 1,
+            units: vec![0],
+        };
+        assert!(check_choice(&offer.request, &candidates, &on_taken).is_err());
+        let fine = crate::booking::placement::Choice {
+            node: 2,
+            units: vec![2],
+        };
+        assert!(check_choice(&offer.request, &candidates, &fine).is_ok());
+    }
+
+    #[test]
+    fn without_a_topology_key_every_node_is_one_group() {
+        let nodes = [(Some(""), 3), (Some(""), 0), (None, 5)];
+        assert_eq!(groups(&nodes, false), vec![vec![0, 1, 2]]);
+    }
+
+    #[test]
+    fn topology_groups_go_most_free_capacity_first_then_by_value() {
+        let nodes = [
+            (Some("eu"), 8),
+            (Some("us"), 8),
+            (Some("us"), 4),
+            (None, 64),
+            (Some("ap"), 8),
+            (Some("eu"), 4),
+            (Some("ca"), 3),
+        ];
+        assert_eq!(
+            groups(&nodes, true),
+            vec![vec![0, 5], vec![1, 2], vec![4], vec![6]],
+            "eu and us tie on 12 free units (eu first by name); a node without a region is in no group"
+        );
+    }
+
+    fn gang_request(gang: serde_json::Value) -> crate::Result<crate::booking::CreateRequest> {
+        let request: crate::booking::CreateRequest = serde_json::from_value(serde_json::json!({
+            "tenantId": "tenant-a",
+            "poolId": "pool_01jd0000000000000000000000",
+            "devices": [{ "class": "gpu", "count": 8 }, { "class": "nic.vf", "count": 1 }],
+            "duration": "2h",
+            "idempotencyKey": "k-1",
+            "gang": gang,
+        }))
+        .unwrap();
+        request.validate().map(|()| request)
+    }
+
+    #[test]
+    fn a_gang_charges_its_devices_and_host_excess_once_per_member() {
+        let request = gang_request(serde_json::json!({ "size": 4 })).unwrap();
+        let excess = crate::booking::HostBooking {
+            vcpu: 2,
+            memory_gib: 16,
+            hugepages_1gi: 0,
+        };
+        let charge = crate::booking::quota_charge(&request, excess);
+        assert_eq!(charge["gpu"], 32);
+        assert_eq!(charge["nic.vf"], 4);
+        assert_eq!(charge["vcpu"], 8);
+        assert_eq!(charge["memoryGiB"], 64);
+        assert_eq!(request.gpu_count(), 8, "per member");
+        assert_eq!(request.total_gpu_count(), 32);
+    }
+
+    #[test]
+    fn gang_size_and_topology_key_are_validated() {
+        assert!(gang_request(serde_json::json!({ "size": 2, "topologyKey": "region" })).is_ok());
+        for (gang, field) in [
+            (serde_json::json!({ "size": 1 }), "gang.size"),
+            (serde_json::json!({ "size": 65 }), "gang.size"),
+            (
+                serde_json::json!({ "size": 2, "topologyKey": "nvlink-switch" }),
+                "gang.topologyKey",
+            ),
+            (
+                serde_json::json!({ "size": 2, "topologyKey": "x".repeat(129) }),
+                "gang.topologyKey",
+            ),
+        ] {
+            let err = gang_request(gang.clone()).unwrap_err().to_string();
+            assert!(err.starts_with(field), "{gang}: {err}");
+        }
+    }
+
+    #[test]
+    fn only_region_keys_are_supported() {
+        assert_eq!(TopologyKey::parse("region"), Some(TopologyKey::Region));
+        assert_eq!(
+            TopologyKey::parse("topology.kubernetes.io/region"),
+            Some(TopologyKey::Region)
+        );
+        assert_eq!(TopologyKey::parse("nvlink-switch"), None);
+        assert_eq!(TopologyKey::parse("rack"), None);
+    }
+}
