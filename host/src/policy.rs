@@ -210,6 +210,10 @@ impl PolicyHost {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        if std::env::var_os("ORL_WASM_PERFMAP").is_some() {
+            // Lets `perf` name plugin functions (/tmp/perf-<pid>.map).
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let mut pooling = PoolingAllocationConfig::default();
         pooling.total_component_instances(256);
         pooling.total_core_instances(512);

@@ -32,6 +32,15 @@ pub(crate) struct Score {
 
 /// The best placement of `req` on `node`, or `None` when it does not fit there.
 pub(crate) fn best_on(req: &Request, node: &NodeView<'_>) -> Option<Fit> {
+    if could_fit(req, node) {
+        search_on(req, node)
+    } else {
+        None
+    }
+}
+
+/// [`best_on`] without the quick test: the full search.
+pub(crate) fn search_on(req: &Request, node: &NodeView<'_>) -> Option<Fit> {
     let mut units: Vec<&Unit> = node.free.iter().collect();
     units.sort_by_key(|u| u.id);
     let mut search = Search {
@@ -73,6 +82,39 @@ pub(crate) fn best_on(req: &Request, node: &NodeView<'_>) -> Option<Fit> {
             busy_units: Reverse(node.busy_units),
             node: node.id,
         },
+    })
+}
+
+/// A quick test, without allocating, of what any placement of `req` on `node` needs: each
+/// entry finds enough units of its class and model (in one NVLink domain for `nvlink_all`),
+/// and the node has enough such units for all entries together. `false` means the request
+/// cannot fit; `true` means the search must decide.
+pub(crate) fn could_fit(req: &Request, node: &NodeView<'_>) -> bool {
+    let usable = node
+        .free
+        .iter()
+        .filter(|u| req.devices.iter().any(|d| d.count > 0 && d.accepts(u)))
+        .count() as u64;
+    if usable < req.unit_count() {
+        return false;
+    }
+    req.devices.iter().filter(|d| d.count > 0).all(|entry| {
+        let matching = || node.free.iter().filter(|u| entry.accepts(u));
+        if !entry.nvlink_all {
+            return matching().count() >= entry.count as usize;
+        }
+        matching().enumerate().any(|(i, first)| {
+            let Some(domain) = first.nvlink_domain else {
+                return false;
+            };
+            // Count each domain once, at its first unit.
+            let seen_before = matching().take(i).any(|u| u.nvlink_domain == Some(domain));
+            !seen_before
+                && matching()
+                    .filter(|u| u.nvlink_domain == Some(domain))
+                    .count()
+                    >= entry.count as usize
+        })
     })
 }
 

@@ -574,6 +574,15 @@ fn every_placement_keeps_the_placement_rules() {
             .collect();
         let req = request(devices);
 
+        let flat = candidates(&nodes);
+        for node in flat.views() {
+            if crate::fit::search_on(&req, &node).is_some() {
+                assert!(
+                    crate::fit::could_fit(&req, &node),
+                    "the quick test never rules out a node the search fits: {req:?} {node:?}"
+                );
+            }
+        }
         match place(&req, &nodes) {
             Ok(placement) => {
                 assert_valid(&req, &nodes, &placement);
