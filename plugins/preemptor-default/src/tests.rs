@@ -330,32 +330,34 @@ mod placer {
         }
     }
 
-    pub fn node(node: &crate::Node) -> p::Node {
-        p::Node {
-            id: node.id,
-            busy_units: node.busy_units,
-            total_units: node.total_units,
-            domains: node
-                .domains
-                .iter()
-                .map(|d| p::DomainLoad {
-                    domain: d.domain,
-                    busy: d.busy,
-                    total: d.total,
-                })
-                .collect(),
-            free: node
-                .free
-                .iter()
-                .map(|u| p::Unit {
-                    id: u.id,
-                    class: class(u.class),
-                    model: u.model,
-                    nvlink_domain: u.nvlink_domain,
-                    memory_gib: u.memory_gib,
-                })
-                .collect(),
-        }
+    /// `node` alone, as the placer's candidates.
+    pub fn node(node: &crate::Node) -> p::Candidates {
+        let mut candidates = p::Candidates::default();
+        candidates.push_node(
+            node.id,
+            node.busy_units,
+            node.total_units,
+            node.domains.iter().map(|d| p::DomainLoad {
+                domain: d.domain,
+                busy: d.busy,
+                total: d.total,
+            }),
+            node.free.iter().map(|u| p::Unit {
+                id: u.id,
+                class: class(u.class),
+                model: u.model,
+                nvlink_domain: u.nvlink_domain,
+                memory_gib: u.memory_gib,
+            }),
+        );
+        candidates
+    }
+
+    /// Whether the default placer fits `req` on `node` alone.
+    pub fn fits(req: &crate::Request, node: &crate::Node) -> bool {
+        let candidates = self::node(node);
+        orl_placer_default::place_on(&request(req), &candidates.view(&candidates.nodes[0]))
+            .is_some()
     }
 }
 
@@ -390,7 +392,7 @@ fn brute_force(req: &Request, nodes: &[Node], spot: &[SpotBooking]) -> Option<Ve
                 freed
                     .free
                     .extend(victims.iter().flat_map(|b| b.units.clone()));
-                orl_placer_default::place_on(&placer::request(req), &placer::node(&freed)).is_some()
+                placer::fits(req, &freed)
             };
             if !fits(&victims) {
                 continue;
@@ -507,9 +509,7 @@ fn fit_agrees_with_the_default_placer() {
             ..request(0, false)
         };
 
-        let expected =
-            orl_placer_default::place_on(&placer::request(&req), &placer::node(&candidate))
-                .is_some();
+        let expected = placer::fits(&req, &candidate);
         assert_eq!(
             fit::fits(&req, &candidate),
             expected,
