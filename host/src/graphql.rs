@@ -1,6 +1,7 @@
 //! GraphQL at `/graphql`, for dashboards: queries over inventory, reservations, pools,
-//! plugins, events and the audit trail; mutations for the main reservation actions; and
-//! subscriptions to the event outbox over WebSocket (`graphql-transport-ws` or `graphql-ws`).
+//! provider earnings, plugins, events and the audit trail; mutations for the main
+//! reservation actions; and subscriptions to the event outbox over WebSocket
+//! (`graphql-transport-ws` or `graphql-ws`).
 //!
 //! It is another surface over the same domain functions REST calls, so the same key
 //! authenticates the same [`Principal`] and the same visibility rules apply; a domain error

@@ -12,7 +12,16 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
 use crate::support::{Api, Db, Server, T0, on_both_databases, register_node};
 
+const MINUTE: i64 = 60_000;
 const HOUR: i64 = 3_600_000;
+/// Every field of the `earnings` query, named as REST names them.
+const EARNINGS: &str = "query($org: String!) { earnings(orgId: $org) {
+    orgId currency asOf grossMinor earnedMinor paidOutMinor availableMinor providerShareBps
+    gpuSeconds activeRentals
+    byNode { nodeId grossMinor earnedMinor gpuSeconds }
+    byModel { model grossMinor earnedMinor gpuSeconds }
+    byDay { day grossMinor earnedMinor gpuSeconds }
+    recentPayouts { id amountMinor reference createdAt } } }";
 
 /// Provider `acme` with nodes `n1` and `n2` of 8 H100s in a pool offered to `tenant-a`
 /// with 16 GPUs of quota; `stranger` is an org with no stake in any of it.
@@ -72,6 +81,19 @@ impl World {
         assert_eq!(status, StatusCode::OK, "{r}");
         r
     }
+
+    /// Prices tenant-a's offer at `price` minor units per GPU-hour.
+    async fn price(&self, price: i64) {
+        let (status, offer) = self
+            .server
+            .admin()
+            .post(
+                &format!("/v1/pools/{}/offers", self.pool),
+                json!({ "tenantId": "tenant-a", "quota": { "gpu": 16 }, "pricePerGpuHour": price }),
+            )
+            .await;
+        assert!(status.is_success(), "{offer}");
+    }
 }
 
 /// The whole GraphQL response to `query` as `api`.
@@ -120,6 +142,9 @@ on_both_databases!(
     a_thousand_nodes_with_units_and_bookings_cost_one_batched_query_per_page,
     subscriptions_receive_rest_changes_filtered_by_visibility,
     the_dashboard_example_runs_and_the_cli_prints_the_schema,
+    earnings_show_what_rest_shows_to_the_same_key_as_the_clock_moves,
+    another_org_asking_for_earnings_is_told_the_org_does_not_exist,
+    a_gang_placement_lists_one_member_per_node_as_rest_does,
 );
 
 async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
@@ -358,6 +383,7 @@ async fn another_org_sees_nothing_of_what_it_may_not_read(db: Db) {
         "{ computeReservations(tenantId: \"tenant-a\", scope: \"all\") { edges { node { id } } } }",
         "{ catalog(orgId: \"tenant-a\") { orgId } }",
         "{ audit(orgId: \"acme\") { edges { node { id } } } }",
+        "{ earnings(orgId: \"acme\") { orgId } }",
     ] {
         assert_eq!(
             error_code(s, query, json!({})).await,
@@ -805,6 +831,7 @@ async fn the_dashboard_example_runs_and_the_cli_prints_the_schema(db: Db) {
         "Catalog",
         "Plugins",
         "Activity",
+        "Earnings",
     ];
     for operation in queries {
         let body = json!({
@@ -832,7 +859,135 @@ async fn the_dashboard_example_runs_and_the_cli_prints_the_schema(db: Db) {
         "type Subscription",
         "reservationEvents(",
         "createComputeReservation(",
+        "earnings(orgId: String!): Earnings!",
+        "members: [PlacementMember!]!",
     ] {
         assert!(sdl.contains(needle), "{needle} in {sdl}");
     }
+}
+
+async fn earnings_show_what_rest_shows_to_the_same_key_as_the_clock_moves(db: Db) {
+    let w = world(db).await;
+    let (_, rest) = w.provider.get("/v1/orgs/acme/provider/earnings").await;
+    let empty = data(&w.provider, EARNINGS, json!({ "org": "acme" })).await;
+    assert_eq!(empty["earnings"], rest, "nothing booked yet");
+
+    w.price(250).await;
+    let r = w.book("k-1", 3).await;
+    assert_eq!(r["state"], "placed", "{r}");
+    w.server.set_clock(T0 + 7 * MINUTE).await;
+    let (status, payout) = w
+        .server
+        .admin()
+        .post(
+            "/v1/orgs/acme/provider/payouts",
+            json!({ "amountMinor": 50, "reference": "wire-1" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{payout}");
+
+    for (at, active) in [(T0 + 7 * MINUTE, 1), (T0 + 3 * HOUR, 0)] {
+        w.server.set_clock(at).await;
+        let (status, rest) = w.provider.get("/v1/orgs/acme/provider/earnings").await;
+        assert_eq!(status, StatusCode::OK, "{rest}");
+        let got = data(&w.provider, EARNINGS, json!({ "org": "acme" })).await;
+        assert_eq!(got["earnings"], rest, "at {at}");
+        assert_eq!(got["earnings"]["activeRentals"], active, "{got}");
+        assert_eq!(got["earnings"]["paidOutMinor"], 50);
+        assert_eq!(got["earnings"]["recentPayouts"][0]["id"], payout["id"]);
+        assert_eq!(
+            got["earnings"]["byNode"][0]["nodeId"],
+            r["placement"]["nodeId"]
+        );
+    }
+    // The booking ended after 2 hours: 3 GPUs × 2 h × 250.
+    let (_, ended) = w.provider.get("/v1/orgs/acme/provider/earnings").await;
+    assert_eq!(ended["grossMinor"], 3 * 500);
+    let admin = data(&w.server.admin(), EARNINGS, json!({ "org": "acme" })).await;
+    assert_eq!(
+        admin["earnings"]["earnedMinor"], ended["earnedMinor"],
+        "platform operators see the same figures"
+    );
+}
+
+async fn another_org_asking_for_earnings_is_told_the_org_does_not_exist(db: Db) {
+    let w = world(db).await;
+    w.price(250).await;
+    w.book("k-1", 2).await;
+    w.server.set_clock(T0 + HOUR).await;
+    let own = data(&w.provider, EARNINGS, json!({ "org": "acme" })).await;
+    assert_eq!(own["earnings"]["grossMinor"], 2 * 250);
+    // The stranger, and the tenant renting the GPUs, are told what REST tells them.
+    for caller in [&w.stranger, &w.tenant] {
+        let (status, rest) = caller.get("/v1/orgs/acme/provider/earnings").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{rest}");
+        let (status, body) = graphql(caller, EARNINGS, json!({ "org": "acme" })).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body["errors"][0]["extensions"]["code"], "NOT_FOUND",
+            "{body}"
+        );
+        assert_eq!(body["data"], Value::Null, "{body}");
+    }
+    assert_eq!(
+        error_code(&w.server.admin(), EARNINGS, json!({ "org": "nobody" })).await,
+        "NOT_FOUND"
+    );
+}
+
+async fn a_gang_placement_lists_one_member_per_node_as_rest_does(db: Db) {
+    let w = world(db).await;
+    let single = w.book("k-single", 2).await;
+    let body = json!({ "tenantId": "tenant-a", "poolId": w.pool,
+        "devices": [{ "class": "gpu", "count": 4 }], "gang": { "size": 2 },
+        "duration": "2h", "idempotencyKey": "k-gang" });
+    let (status, gang) = w
+        .tenant
+        .post("/api/compute/reservations/create", body)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{gang}");
+    assert_eq!(gang["state"], "placed", "{gang}");
+
+    let query = "query($id: String!) { computeReservation(id: $id) {
+        placement { nodeId unitIds members { nodeId unitIds } } } }";
+    let got = data(&w.tenant, query, json!({ "id": gang["id"] })).await;
+    let placement = &got["computeReservation"]["placement"];
+    assert_eq!(placement["members"], gang["placement"]["members"]);
+    let mut nodes: Vec<&str> = placement["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["nodeId"].as_str().unwrap())
+        .collect();
+    assert_eq!(placement["members"][0]["nodeId"], placement["nodeId"]);
+    assert_eq!(placement["members"][0]["unitIds"], placement["unitIds"]);
+    nodes.sort_unstable();
+    assert_eq!(nodes, ["n1", "n2"], "one member per node: {got}");
+    for member in placement["members"].as_array().unwrap() {
+        assert_eq!(member["unitIds"].as_array().unwrap().len(), 4, "{got}");
+    }
+
+    let listed = data(
+        &w.tenant,
+        "{ computeReservations { edges { node { id placement { nodeId unitIds members { nodeId unitIds } } } } } }",
+        json!({}),
+    )
+    .await;
+    for edge in listed["computeReservations"]["edges"].as_array().unwrap() {
+        let node = &edge["node"];
+        let rest = if node["id"] == gang["id"] {
+            &gang
+        } else {
+            &single
+        };
+        assert_eq!(
+            node["placement"]["members"], rest["placement"]["members"],
+            "{node}"
+        );
+    }
+    assert_eq!(
+        single["placement"]["members"],
+        json!([{ "nodeId": single["placement"]["nodeId"], "unitIds": single["placement"]["unitIds"] }]),
+        "a reservation on one node has one member"
+    );
 }

@@ -5,8 +5,8 @@ use async_graphql::connection::Connection;
 use async_graphql::{Context, Object, Result};
 
 use super::types::{
-    AuditEntry, Catalog, ComputeReservation, Event, Node, NodeReservation, Offer, Plugin, Pool,
-    Viewer,
+    AuditEntry, Catalog, ComputeReservation, Earnings, Event, Node, NodeReservation, Offer, Plugin,
+    Pool, Viewer,
 };
 use super::{app, caller, limits, page};
 use crate::booking::State;
@@ -17,7 +17,7 @@ use crate::inventory::nodes;
 use crate::node_reservations::queries;
 use crate::policy::registry;
 use crate::pools::store;
-use crate::{Error, audit, events, validation};
+use crate::{Error, audit, earnings, events, validation};
 
 pub struct Query;
 
@@ -170,6 +170,13 @@ impl Query {
         let caller = caller(ctx)?;
         let org_id = org_id.unwrap_or_else(|| caller.org_id.clone());
         Ok(queries::catalog(app(ctx), caller, &org_id).await?.into())
+    }
+
+    /// What a provider org earned, as `GET /v1/orgs/{orgId}/provider/earnings` shows it:
+    /// for the org's members holding `provider.read`, and platform operators; anyone else
+    /// is told the org does not exist. Amounts are integer minor units.
+    async fn earnings(&self, ctx: &Context<'_>, org_id: String) -> Result<Earnings> {
+        Ok(earnings::get(app(ctx), caller(ctx)?, &org_id).await?.into())
     }
 
     /// Every stored plugin, with the pools it is assigned to and its decision counts.

@@ -2,11 +2,13 @@
 //! a dashboard resolves per object (bookings, utilization, offers, decision counts).
 
 mod activity;
+mod earnings;
 mod inventory;
 mod pools;
 mod reservations;
 
 pub use activity::{AuditEntry, Event, Viewer};
+pub use earnings::Earnings;
 pub(super) use inventory::Booking;
 pub use inventory::Node;
 pub use pools::{Offer, Plugin, Pool};

@@ -83,7 +83,17 @@ pub struct ComputeReservation {
 pub struct Placement {
     pub node_id: String,
     pub unit_ids: Vec<String>,
+    /// Every node the reservation holds units on, with those units (a gang has one per
+    /// node); the first is `nodeId`'s.
+    pub members: Vec<PlacementMember>,
     pub placed_by: Option<String>,
+}
+
+/// The units a reservation holds on one node.
+#[derive(SimpleObject)]
+pub struct PlacementMember {
+    pub node_id: String,
+    pub unit_ids: Vec<String>,
 }
 
 impl From<compute::ComputeReservation> for ComputeReservation {
@@ -97,6 +107,14 @@ impl From<compute::ComputeReservation> for ComputeReservation {
             placement: r.placement.map(|p| Placement {
                 node_id: p.node_id,
                 unit_ids: p.unit_ids,
+                members: p
+                    .members
+                    .into_iter()
+                    .map(|m| PlacementMember {
+                        node_id: m.node_id,
+                        unit_ids: m.unit_ids,
+                    })
+                    .collect(),
                 placed_by: p.placed_by,
             }),
             id: r.id,
