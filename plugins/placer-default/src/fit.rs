@@ -10,12 +10,6 @@ use crate::{DeviceRequest, NodeView, Placement, Request, Unit};
 /// not fitting, so a hostile request cannot make a decision run long.
 const MAX_DOMAIN_TRIES: u32 = 10_000;
 
-/// The best placement of a request on one node and how good it is.
-pub(crate) struct Fit {
-    pub placement: Placement,
-    pub score: Score,
-}
-
 /// How good a node's placement is; lower is better. Field order is precedence.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Score {
@@ -30,58 +24,111 @@ pub(crate) struct Score {
     node: u32,
 }
 
-/// The best placement of `req` on `node`, or `None` when it does not fit there.
-pub(crate) fn best_on(req: &Request, node: &NodeView<'_>) -> Option<Fit> {
+/// Buffers a search reuses from node to node, so that ranking many nodes allocates only
+/// while the buffers grow.
+#[derive(Default)]
+pub(crate) struct Scratch<'a> {
+    /// The entries of the request in the order they are satisfied.
+    order: Vec<usize>,
+    /// The node's free units, by ascending id.
+    units: Vec<&'a Unit>,
+    /// Whether `units[i]` is already taken by an entry.
+    taken: Vec<bool>,
+    /// Per entry of the request, indices into `units`.
+    chosen: Vec<Vec<usize>>,
+    /// Open units of the entry being satisfied.
+    open: Vec<usize>,
+    /// Domain statistics of the entry being satisfied.
+    stats: Vec<DomainStat>,
+    /// Per `nvlink_all` entry (by depth), the domains still to try.
+    domains: Vec<Vec<(u32, u32)>>,
+}
+
+impl<'a> Scratch<'a> {
+    /// Prepares the buffers for `req`.
+    pub(crate) fn new(req: &Request) -> Scratch<'a> {
+        Scratch {
+            order: entry_order(req),
+            chosen: vec![Vec::new(); req.devices.len()],
+            ..Scratch::default()
+        }
+    }
+}
+
+/// How well `req` fits on `node`, or `None` when it does not fit there. The units chosen
+/// are left in `scratch` for [`placement`].
+pub(crate) fn best_on<'a>(
+    req: &Request,
+    node: &NodeView<'a>,
+    scratch: &mut Scratch<'a>,
+) -> Option<Score> {
     if could_fit(req, node) {
-        search_on(req, node)
+        search_on(req, node, scratch)
     } else {
         None
     }
 }
 
+/// The placement [`best_on`] found last, from `scratch`.
+pub(crate) fn placement(node: &NodeView<'_>, scratch: &Scratch<'_>) -> Placement {
+    Placement {
+        node: node.id,
+        units: scratch
+            .chosen
+            .iter()
+            .flat_map(|entry| entry.iter().map(|&i| scratch.units[i].id))
+            .collect(),
+    }
+}
+
 /// [`best_on`] without the quick test: the full search.
-pub(crate) fn search_on(req: &Request, node: &NodeView<'_>) -> Option<Fit> {
-    let mut units: Vec<&Unit> = node.free.iter().collect();
-    units.sort_by_key(|u| u.id);
+pub(crate) fn search_on<'a>(
+    req: &Request,
+    node: &NodeView<'a>,
+    scratch: &mut Scratch<'a>,
+) -> Option<Score> {
+    scratch.units.clear();
+    scratch.units.extend(node.free.iter());
+    if !scratch.units.is_sorted_by_key(|u| u.id) {
+        scratch.units.sort_by_key(|u| u.id);
+    }
+    scratch.taken.clear();
+    scratch.taken.resize(scratch.units.len(), false);
+    scratch.chosen.iter_mut().for_each(Vec::clear);
+    let order = std::mem::take(&mut scratch.order);
     let mut search = Search {
         req,
         node,
-        taken: vec![false; units.len()],
-        units,
-        chosen: vec![Vec::new(); req.devices.len()],
+        s: scratch,
         nvlink_free: 0,
         tries: 0,
     };
-    if !search.solve(&entry_order(req), 0) {
+    let fits = search.solve(&order, 0);
+    let nvlink_free = search.nvlink_free;
+    scratch.order = order;
+    if !fits {
         return None;
     }
-
-    let mut touched: Vec<u32> = search
-        .chosen
-        .iter()
-        .flatten()
-        .filter_map(|&i| search.units[i].nvlink_domain)
-        .filter(|&d| node.domain_busy(d) == 0)
-        .collect();
-    touched.sort_unstable();
-    touched.dedup();
-
-    let units = search
-        .chosen
-        .iter()
-        .flat_map(|entry| entry.iter().map(|&i| search.units[i].id))
-        .collect();
-    Some(Fit {
-        placement: Placement {
-            node: node.id,
-            units,
-        },
-        score: Score {
-            nvlink_free: search.nvlink_free,
-            idle_domains_touched: touched.len() as u32,
-            busy_units: Reverse(node.busy_units),
-            node: node.id,
-        },
+    let chosen = || {
+        scratch
+            .chosen
+            .iter()
+            .flatten()
+            .map(|&i| scratch.units[i].nvlink_domain)
+    };
+    // Distinct domains idle before this request among those of the chosen units.
+    let idle_domains_touched = chosen()
+        .enumerate()
+        .filter(|&(k, domain)| {
+            domain.is_some_and(|d| node.domain_busy(d) == 0)
+                && !chosen().take(k).any(|earlier| earlier == domain)
+        })
+        .count() as u32;
+    Some(Score {
+        nvlink_free,
+        idle_domains_touched,
+        busy_units: Reverse(node.busy_units),
+        node: node.id,
     })
 }
 
@@ -138,20 +185,15 @@ fn entry_order(req: &Request) -> Vec<usize> {
     order
 }
 
-struct Search<'a> {
-    req: &'a Request,
-    node: &'a NodeView<'a>,
-    /// The node's free units, by ascending id.
-    units: Vec<&'a Unit>,
-    /// Whether `units[i]` is already taken by an entry.
-    taken: Vec<bool>,
-    /// Per entry of the request, indices into `units`.
-    chosen: Vec<Vec<usize>>,
+struct Search<'s, 'a> {
+    req: &'s Request,
+    node: &'s NodeView<'a>,
+    s: &'s mut Scratch<'a>,
     nvlink_free: u64,
     tries: u32,
 }
 
-impl Search<'_> {
+impl Search<'_, '_> {
     /// Satisfies `order[k..]` given what earlier entries took, backtracking over the domain
     /// chosen for each `nvlink_all` entry. Other entries have no choice to revisit: once the
     /// domains are fixed, taking pinned entries before open ones finds units for all of them
@@ -161,37 +203,49 @@ impl Search<'_> {
             return true;
         };
         let entry = &self.req.devices[entry_index];
+        let count = entry.count as usize;
         if entry.nvlink_all {
-            for (domain, free) in self.domain_candidates(entry) {
+            if self.s.domains.len() <= k {
+                self.s.domains.resize_with(k + 1, Vec::new);
+            }
+            let mut domains = std::mem::take(&mut self.s.domains[k]);
+            self.domain_candidates(entry, &mut domains);
+            let mut fits = false;
+            for &(domain, free) in &domains {
                 self.tries += 1;
                 if self.tries > MAX_DOMAIN_TRIES {
-                    return false;
+                    break;
                 }
-                let picked: Vec<usize> = self
-                    .open_units(entry)
-                    .filter(|&i| self.units[i].nvlink_domain == Some(domain))
-                    .take(entry.count as usize)
-                    .collect();
-                self.take(entry_index, picked);
+                self.open_units(entry);
+                let mut picked = std::mem::take(&mut self.s.open);
+                picked.retain(|&i| self.s.units[i].nvlink_domain == Some(domain));
+                picked.truncate(count);
+                self.take(entry_index, &picked);
+                self.s.open = picked;
                 self.nvlink_free += u64::from(free);
                 if self.solve(order, k + 1) {
-                    return true;
+                    fits = true;
+                    break;
                 }
                 self.nvlink_free -= u64::from(free);
                 self.release(entry_index);
             }
-            false
+            self.s.domains[k] = domains;
+            fits
         } else {
-            let open: Vec<usize> = self.open_units(entry).collect();
-            if open.len() < entry.count as usize {
+            self.open_units(entry);
+            if self.s.open.len() < count {
                 return false;
             }
-            let domains = self.domain_stats(&open);
-            let mut picked = open;
-            picked.sort_by_key(|&i| packing_key(&domains, self.units[i]));
-            picked.truncate(entry.count as usize);
+            let mut picked = std::mem::take(&mut self.s.open);
+            self.domain_stats(&picked);
+            let stats = &self.s.stats;
+            let units = &self.s.units;
+            picked.sort_by_key(|&i| packing_key(stats, units[i]));
+            picked.truncate(count);
             picked.sort_unstable();
-            self.take(entry_index, picked);
+            self.take(entry_index, &picked);
+            self.s.open = picked;
             if self.solve(order, k + 1) {
                 return true;
             }
@@ -200,27 +254,43 @@ impl Search<'_> {
         }
     }
 
-    /// Untaken units that `entry` accepts, by ascending id.
-    fn open_units<'s>(&'s self, entry: &'s DeviceRequest) -> impl Iterator<Item = usize> + 's {
-        (0..self.units.len()).filter(move |&i| !self.taken[i] && entry.accepts(self.units[i]))
+    /// Fills `s.open` with the untaken units that `entry` accepts, by ascending id.
+    fn open_units(&mut self, entry: &DeviceRequest) {
+        let Scratch {
+            open, units, taken, ..
+        } = &mut *self.s;
+        open.clear();
+        open.extend((0..units.len()).filter(|&i| !taken[i] && entry.accepts(units[i])));
     }
 
-    /// Domains that still hold `entry` whole, with their free matching units, best fit
-    /// first: fewest free matching units, then busiest, then lowest id.
-    fn domain_candidates(&self, entry: &DeviceRequest) -> Vec<(u32, u32)> {
-        let open: Vec<usize> = self.open_units(entry).collect();
-        let mut stats = self.domain_stats(&open);
+    /// Fills `domains` with the domains that still hold `entry` whole, with their free
+    /// matching units, best fit first: fewest free matching units, then busiest, then
+    /// lowest id.
+    fn domain_candidates(&mut self, entry: &DeviceRequest, domains: &mut Vec<(u32, u32)>) {
+        self.open_units(entry);
+        let open = std::mem::take(&mut self.s.open);
+        self.domain_stats(&open);
+        self.s.open = open;
+        let stats = &mut self.s.stats;
         stats.retain(|s| s.free >= entry.count);
         stats.sort_by_key(|s| (s.free, Reverse(s.busy), s.domain));
-        stats.into_iter().map(|s| (s.domain, s.free)).collect()
+        domains.clear();
+        domains.extend(stats.iter().map(|s| (s.domain, s.free)));
     }
 
-    /// The domains of the `open` units, each with how many of them it holds and how busy
-    /// it is, counting the units this request already took in it as busy.
-    fn domain_stats(&self, open: &[usize]) -> Vec<DomainStat> {
-        let mut stats: Vec<DomainStat> = Vec::new();
+    /// Fills `s.stats` with the domains of the `open` units, each with how many of them it
+    /// holds and how busy it is, counting the units this request already took in it as
+    /// busy.
+    fn domain_stats(&mut self, open: &[usize]) {
+        let Scratch {
+            units,
+            taken,
+            stats,
+            ..
+        } = &mut *self.s;
+        stats.clear();
         for &i in open {
-            let Some(domain) = self.units[i].nvlink_domain else {
+            let Some(domain) = units[i].nvlink_domain else {
                 continue;
             };
             match stats.iter_mut().find(|s| s.domain == domain) {
@@ -232,8 +302,8 @@ impl Search<'_> {
                 }),
             }
         }
-        for (i, unit) in self.units.iter().enumerate() {
-            if !self.taken[i] {
+        for (i, unit) in units.iter().enumerate() {
+            if !taken[i] {
                 continue;
             }
             if let Some(s) = stats
@@ -243,20 +313,23 @@ impl Search<'_> {
                 s.busy = s.busy.saturating_add(1);
             }
         }
-        stats
     }
 
-    fn take(&mut self, entry_index: usize, picked: Vec<usize>) {
-        for &i in &picked {
-            self.taken[i] = true;
+    fn take(&mut self, entry_index: usize, picked: &[usize]) {
+        for &i in picked {
+            self.s.taken[i] = true;
         }
-        self.chosen[entry_index] = picked;
+        let chosen = &mut self.s.chosen[entry_index];
+        chosen.clear();
+        chosen.extend_from_slice(picked);
     }
 
     fn release(&mut self, entry_index: usize) {
-        for i in std::mem::take(&mut self.chosen[entry_index]) {
-            self.taken[i] = false;
+        let Scratch { chosen, taken, .. } = &mut *self.s;
+        for &i in &chosen[entry_index] {
+            taken[i] = false;
         }
+        chosen[entry_index].clear();
     }
 }
 

@@ -319,12 +319,19 @@ pub fn place(req: &Request, candidates: &Candidates) -> Result<Placement, Unsche
     if req.unit_count() == 0 {
         return Err(Unschedulable::new("the request asks for no devices"));
     }
-    candidates
-        .views()
-        .filter_map(|node| fit::best_on(req, &node))
-        .min_by(|a, b| a.score.cmp(&b.score))
-        .map(|fit| fit.placement)
-        .ok_or_else(|| Unschedulable::new(reason::no_node_fits(req, candidates)))
+    let mut scratch = fit::Scratch::new(req);
+    let mut best: Option<(fit::Score, NodeView<'_>)> = None;
+    for node in candidates.views() {
+        if let Some(score) = fit::best_on(req, &node, &mut scratch) {
+            if best.as_ref().is_none_or(|(b, _)| score < *b) {
+                best = Some((score, node));
+            }
+        }
+    }
+    let (_, node) =
+        best.ok_or_else(|| Unschedulable::new(reason::no_node_fits(req, candidates)))?;
+    fit::best_on(req, &node, &mut scratch).expect("the best node still fits");
+    Ok(fit::placement(&node, &scratch))
 }
 
 /// The placement [`place`] would choose for `req` if `node` were the only candidate, or
@@ -333,7 +340,8 @@ pub fn place_on(req: &Request, node: &NodeView<'_>) -> Option<Placement> {
     if req.unit_count() == 0 {
         return None;
     }
-    fit::best_on(req, node).map(|fit| fit.placement)
+    let mut scratch = fit::Scratch::new(req);
+    fit::best_on(req, node, &mut scratch).map(|_| fit::placement(node, &scratch))
 }
 
 #[cfg(test)]

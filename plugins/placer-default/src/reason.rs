@@ -15,9 +15,10 @@ pub(crate) fn no_node_fits(req: &Request, candidates: &Candidates) -> String {
                 devices: vec![(*entry).clone()],
                 ..req.clone()
             };
+            let mut scratch = fit::Scratch::new(&alone);
             if candidates
                 .views()
-                .all(|n| fit::best_on(&alone, &n).is_none())
+                .all(|n| fit::best_on(&alone, &n, &mut scratch).is_none())
             {
                 return format!("no node has {}", describe(req, entry));
             }

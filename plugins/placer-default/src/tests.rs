@@ -576,7 +576,8 @@ fn every_placement_keeps_the_placement_rules() {
 
         let flat = candidates(&nodes);
         for node in flat.views() {
-            if crate::fit::search_on(&req, &node).is_some() {
+            let mut scratch = crate::fit::Scratch::new(&req);
+            if crate::fit::search_on(&req, &node, &mut scratch).is_some() {
                 assert!(
                     crate::fit::could_fit(&req, &node),
                     "the quick test never rules out a node the search fits: {req:?} {node:?}"
