@@ -33,7 +33,7 @@ def nodes_of(candidates: types.Candidates) -> list[SimpleNamespace]:
             id=nodes.id[j],
             busy_units=nodes.busy_units[j],
             total_units=nodes.total_units[j],
-            free=[unit(i) for i in range(nodes.free[j].start, nodes.free[j].start + nodes.free[j].len)],
+            free=[unit(i) for i in range(nodes.free_start[j], nodes.free_start[j] + nodes.free_len[j])],
         )
         for j in range(len(nodes.id))
     ]

@@ -38,14 +38,13 @@ impl Guest for SpreadPlacer {
             .collect();
         let nodes: Vec<crate::Node> = (0..nodes.id.len())
             .map(|j| {
-                let free = nodes.free[j];
-                let start = free.start as usize;
+                let start = nodes.free_start[j] as usize;
                 crate::Node {
                     id: nodes.id[j],
                     busy_units: nodes.busy_units[j],
                     total_units: nodes.total_units[j],
                     free: units
-                        .get(start..start + free.len as usize)
+                        .get(start..start + nodes.free_len[j] as usize)
                         .unwrap_or(&[])
                         .to_vec(),
                 }

@@ -135,10 +135,6 @@ pub(super) fn to_wit(
         duration_seconds: request.duration_seconds,
         models: request.models.clone(),
     };
-    let span = |s: orl_placer_default::Span| wit::Span {
-        start: s.start,
-        len: s.len,
-    };
     let nodes = &candidates.nodes;
     let units = &candidates.units;
     let domains = &candidates.domains;
@@ -147,8 +143,10 @@ pub(super) fn to_wit(
             id: nodes.iter().map(|n| n.id).collect(),
             busy_units: nodes.iter().map(|n| n.busy_units).collect(),
             total_units: nodes.iter().map(|n| n.total_units).collect(),
-            domains: nodes.iter().map(|n| span(n.domains)).collect(),
-            free: nodes.iter().map(|n| span(n.free)).collect(),
+            domains_start: nodes.iter().map(|n| n.domains.start).collect(),
+            domains_len: nodes.iter().map(|n| n.domains.len).collect(),
+            free_start: nodes.iter().map(|n| n.free.start).collect(),
+            free_len: nodes.iter().map(|n| n.free.len).collect(),
         },
         units: wit::Units {
             class: units.iter().map(|u| class(u.class)).collect(),

@@ -40,13 +40,6 @@ fn class(class: wit::DeviceClass) -> crate::DeviceClass {
     }
 }
 
-fn span(span: wit::Span) -> crate::Span {
-    crate::Span {
-        start: span.start,
-        len: span.len,
-    }
-}
-
 /// The columns of the call as this crate's rows; a unit's id is its position.
 fn candidates(candidates: wit::Candidates) -> crate::Candidates {
     let wit::Candidates {
@@ -60,8 +53,14 @@ fn candidates(candidates: wit::Candidates) -> crate::Candidates {
                 id: nodes.id[j],
                 busy_units: nodes.busy_units[j],
                 total_units: nodes.total_units[j],
-                domains: span(nodes.domains[j]),
-                free: span(nodes.free[j]),
+                domains: crate::Span {
+                    start: nodes.domains_start[j],
+                    len: nodes.domains_len[j],
+                },
+                free: crate::Span {
+                    start: nodes.free_start[j],
+                    len: nodes.free_len[j],
+                },
             })
             .collect(),
         units: (0..units.class.len())

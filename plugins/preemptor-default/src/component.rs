@@ -45,8 +45,8 @@ impl Guest for DefaultPreemptor {
                 id: nodes.id[j],
                 busy_units: nodes.busy_units[j],
                 total_units: nodes.total_units[j],
-                domains: run(&domains, nodes.domains[j]).to_vec(),
-                free: run(&units, nodes.free[j]).to_vec(),
+                domains: run(&domains, nodes.domains_start[j], nodes.domains_len[j]).to_vec(),
+                free: run(&units, nodes.free_start[j], nodes.free_len[j]).to_vec(),
             })
             .collect();
         let spot: Vec<crate::SpotBooking> = spot
@@ -54,7 +54,7 @@ impl Guest for DefaultPreemptor {
             .map(|b| crate::SpotBooking {
                 id: b.id,
                 node: b.node,
-                units: run(&units, b.units).to_vec(),
+                units: run(&units, b.units.start, b.units.len).to_vec(),
                 elapsed_seconds: b.elapsed_seconds,
                 started_at_ms: b.started_at_ms,
             })
@@ -66,10 +66,10 @@ impl Guest for DefaultPreemptor {
     }
 }
 
-/// The entries of `list` that `span` covers; empty when it reaches past the end.
-fn run<T>(list: &[T], span: wit::Span) -> &[T] {
-    let start = span.start as usize;
-    list.get(start..start.saturating_add(span.len as usize))
+/// The `len` entries of `list` from `start`; empty when they reach past the end.
+fn run<T>(list: &[T], start: u32, len: u32) -> &[T] {
+    let start = start as usize;
+    list.get(start..start.saturating_add(len as usize))
         .unwrap_or(&[])
 }
 

@@ -29,7 +29,7 @@ impl bindings::Guest for PreemptOldest {
         let nodes = &candidates.nodes;
         (0..nodes.id.len())
             .filter_map(|j| {
-                let mut room = nodes.free[j].len;
+                let mut room = nodes.free_len[j];
                 let mut victims = Vec::new();
                 for booking in oldest_first.iter().filter(|b| b.node == nodes.id[j]) {
                     if room >= wanted {
