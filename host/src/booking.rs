@@ -114,6 +114,10 @@ pub struct Selector {
     /// At least this much device memory.
     #[serde(default, rename = "memoryGiB", skip_serializing_if = "Option::is_none")]
     pub memory_gib: Option<i64>,
+    /// Labels the unit must carry: every pair must equal the unit's label, or its node's
+    /// label when the unit does not have the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
 }
 
 /// One entry of `devices`.
@@ -270,6 +274,12 @@ impl CreateRequest {
                         1 << 20,
                     )?;
                 }
+                if let Some(labels) = &selector.labels {
+                    crate::inventory::validate_labels(
+                        &format!("devices[{i}].selector.labels"),
+                        labels,
+                    )?;
+                }
             }
         }
         if let Some(start) = self.start {
@@ -308,8 +318,9 @@ impl CreateRequest {
                     return Err(Error::invalid(
                         "gang.topologyKey",
                         format!(
-                            "{key:?} is not a supported key; use {}",
-                            gang::TopologyKey::SUPPORTED.join(" or ")
+                            "{key:?} is not a supported key; use {} or a node label key (must match {})",
+                            gang::TopologyKey::REGION_KEYS.join(" or "),
+                            crate::inventory::LABEL_KEY_PATTERN
                         ),
                     ));
                 }

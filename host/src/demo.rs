@@ -36,6 +36,7 @@ struct DemoKeys {
 pub fn h100_node(n: usize) -> NodeInventory {
     NodeInventory {
         region: Some("eu-west-1".into()),
+        labels: Default::default(),
         host: HostResources {
             vcpu: 224,
             memory_gib: 2048,
@@ -50,6 +51,7 @@ pub fn h100_node(n: usize) -> NodeInventory {
                 memory_gib: 80,
                 nvlink_domain: Some(format!("nvl{}", g / 4)),
                 sellable: true,
+                labels: Default::default(),
             })
             .collect(),
     }

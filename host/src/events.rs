@@ -168,7 +168,10 @@ pub async fn follow(
         wake,
         failed: false,
     };
-    Ok(futures::stream::unfold(cursor, Cursor::next).take_until(Box::pin(stopping())))
+    Ok(
+        futures::stream::unfold(cursor, Cursor::next)
+            .take_until(Box::pin(crate::serve::stopping())),
+    )
 }
 
 /// A stream's position in the outbox and what wakes it.
@@ -243,21 +246,5 @@ impl Wake {
                 }
             }
         }
-    }
-}
-
-/// Resolves when the process is asked to stop (SIGINT or SIGTERM).
-async fn stopping() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        () = terminate => {},
     }
 }

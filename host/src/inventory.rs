@@ -3,10 +3,18 @@
 //!
 //! Ingestion is idempotent: the same report changes nothing. Adding or removing a unit, or
 //! changing a unit's class or NVLink domain, is a topology change and bumps `topologyGen`.
+//!
+//! Nodes and units may carry labels (string → string, Kubernetes label syntax). Labels are
+//! descriptive, not topology: changing them updates the node but never bumps `topologyGen`.
+//! Device selectors match them (`devices[].selector.labels`) and a gang's `topologyKey`
+//! may name a node label.
 
 pub mod nodes;
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::LazyLock;
+
+use regex::Regex;
 
 use serde::{Deserialize, Serialize};
 
@@ -138,6 +146,10 @@ pub struct Unit {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nvlink_domain: Option<String>,
     pub sellable: bool,
+    /// The unit's labels; a selector looks here first, then at its node's labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub labels: Labels,
 }
 
 /// `PUT /v1/orgs/{orgId}/provider/nodes/{nodeId}` body: the node's whole inventory.
@@ -145,12 +157,87 @@ pub struct Unit {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NodeInventory {
     pub region: Option<String>,
+    /// The node's labels (e.g. `rack`), matched by selectors on units without the key and
+    /// usable as a gang's `topologyKey`. Not topology: changing them bumps no generation.
+    #[serde(default)]
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub labels: Labels,
     pub host: HostResources,
     pub units: Vec<Unit>,
 }
 
+/// Labels of a node or unit: key → value.
+pub type Labels = BTreeMap<String, String>;
+
 /// At most this many units per node.
 pub const MAX_UNITS: usize = 1024;
+
+/// At most this many labels per node, unit or selector.
+pub const MAX_LABELS: usize = 64;
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name (Kubernetes syntax).
+pub const LABEL_KEY_PATTERN: &str =
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
+/// A label value, possibly empty.
+pub const LABEL_VALUE_PATTERN: &str = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$";
+
+static LABEL_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(LABEL_KEY_PATTERN).unwrap());
+static LABEL_VALUE: LazyLock<Regex> = LazyLock::new(|| Regex::new(LABEL_VALUE_PATTERN).unwrap());
+
+/// Whether `key` is a well-formed label key (at most 253 characters).
+pub fn is_label_key(key: &str) -> bool {
+    key.len() <= 253 && LABEL_KEY.is_match(key)
+}
+
+/// Checks labels given as `field`: at most [`MAX_LABELS`], keys of at most 253 characters
+/// matching [`LABEL_KEY_PATTERN`], values of at most 63 matching [`LABEL_VALUE_PATTERN`].
+/// Errors name `field` and the offending key.
+pub fn validate_labels(field: &str, labels: &Labels) -> Result<()> {
+    if labels.len() > MAX_LABELS {
+        return Err(Error::invalid(
+            field,
+            format!("at most {MAX_LABELS} labels"),
+        ));
+    }
+    for (key, value) in labels {
+        if key.len() > 253 {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "key {:?}…: at most 253 characters",
+                    &key[..key.floor_char_boundary(32)]
+                ),
+            ));
+        }
+        if !LABEL_KEY.is_match(key) {
+            return Err(Error::invalid(
+                field,
+                format!("key {key:?} must match {LABEL_KEY_PATTERN}"),
+            ));
+        }
+        if value.len() > 63 {
+            return Err(Error::invalid(
+                field,
+                format!("value of {key:?}: at most 63 characters"),
+            ));
+        }
+        if !LABEL_VALUE.is_match(value) {
+            return Err(Error::invalid(
+                field,
+                format!("value {value:?} of {key:?} must match {LABEL_VALUE_PATTERN}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether every pair of `wanted` is a label of the unit, or of its node when the unit
+/// does not have the key (a unit's own label wins over its node's).
+pub fn labels_match(wanted: &Labels, unit: &Labels, node: &Labels) -> bool {
+    wanted
+        .iter()
+        .all(|(key, value)| unit.get(key).or_else(|| node.get(key)) == Some(value))
+}
 
 /// Checks a report: well-formed ids, unique units, class and device class agreeing, sizes
 /// in range. Errors name the offending field (`units[3].deviceClass`).
@@ -158,6 +245,7 @@ pub fn validate(inv: &NodeInventory) -> Result<()> {
     if let Some(region) = &inv.region {
         validation::id("region", region)?;
     }
+    validate_labels("labels", &inv.labels)?;
     validation::range("host.vcpu", inv.host.vcpu, 0, 1 << 20)?;
     validation::range("host.memoryGiB", inv.host.memory_gib, 0, 1 << 24)?;
     validation::range("host.hugepages1Gi", inv.host.hugepages_1gi, 0, 1 << 24)?;
@@ -202,12 +290,14 @@ pub fn validate(inv: &NodeInventory) -> Result<()> {
         if let Some(domain) = &unit.nvlink_domain {
             validation::id(&field("nvlinkDomain"), domain)?;
         }
+        validate_labels(&field("labels"), &unit.labels)?;
     }
     Ok(())
 }
 
 /// Whether going from `old` to `new` changes the GPU topology: a unit added or removed, or
-/// a unit's class or NVLink domain changed. Order, model, memory and `sellable` do not.
+/// a unit's class or NVLink domain changed. Order, model, memory, `sellable` and labels
+/// do not: labels describe units, they do not change how GPUs are wired.
 pub fn topology_changed(old: &[Unit], new: &[Unit]) -> bool {
     let shape = |units: &[Unit]| -> BTreeMap<String, (UnitClass, Option<String>)> {
         units
@@ -241,12 +331,21 @@ mod tests {
             memory_gib: 80,
             nvlink_domain: Some(domain.into()),
             sellable: true,
+            labels: Labels::new(),
         }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn inventory(units: Vec<Unit>) -> NodeInventory {
         NodeInventory {
             region: Some("eu-west".into()),
+            labels: Labels::new(),
             host: HostResources {
                 vcpu: 224,
                 memory_gib: 2048,
@@ -270,6 +369,7 @@ mod tests {
         b[0].model = "H200".into();
         b[0].memory_gib = 141;
         b[0].sellable = false;
+        b[0].labels = labels(&[("rack", "r1")]);
         assert!(!topology_changed(&a, &b));
     }
 
@@ -297,6 +397,7 @@ mod tests {
             memory_gib: 0,
             nvlink_domain: None,
             sellable: true,
+            labels: Labels::new(),
         });
         assert!(single_class(&units));
         units[1].class = UnitClass::DeviceRequest;
@@ -339,5 +440,88 @@ mod tests {
         let mut inv = inventory(vec![]);
         inv.host.hugepages_1gi = inv.host.memory_gib + 1;
         assert!(validate(&inv).is_err());
+    }
+
+    #[test]
+    fn well_formed_labels_validate() {
+        let mut unit = gpu("g0", "nv0");
+        unit.labels = labels(&[
+            ("rack", "r1"),
+            ("example.com/tier", "gold"),
+            ("topology.kubernetes.io/zone", "eu-west-1a"),
+            ("empty", ""),
+            ("A_b.c-D", "x_Y.z-1"),
+        ]);
+        let mut inv = inventory(vec![unit]);
+        inv.labels = labels(&[("rack", "r1"), ("row", "7")]);
+        assert!(validate(&inv).is_ok());
+    }
+
+    #[test]
+    fn bad_labels_are_refused_naming_the_field() {
+        let long_key = format!("{}/k", "a".repeat(252));
+        let long_value = "v".repeat(64);
+        for (key, value) in [
+            ("", "x"),
+            ("-rack", "x"),
+            ("rack-", "x"),
+            ("Example.com/rack", "x"),
+            ("a/b/c", "x"),
+            ("has space", "x"),
+            (long_key.as_str(), "x"),
+            ("rack", "-r1"),
+            ("rack", "r 1"),
+            ("rack", long_value.as_str()),
+        ] {
+            let mut unit = gpu("g0", "nv0");
+            let extra = gpu("g1", "nv0");
+            unit.labels = labels(&[(key, value)]);
+            let err = validate(&inventory(vec![extra.clone(), unit])).unwrap_err();
+            assert!(
+                err.to_string().starts_with("units[1].labels:"),
+                "{key:?}={value:?}: {err}"
+            );
+            let mut inv = inventory(vec![extra]);
+            inv.labels = labels(&[(key, value)]);
+            let err = validate(&inv).unwrap_err();
+            assert!(
+                err.to_string().starts_with("labels:"),
+                "{key:?}={value:?}: {err}"
+            );
+        }
+        let mut inv = inventory(vec![]);
+        inv.labels = (0..65).map(|i| (format!("k{i}"), "v".into())).collect();
+        assert!(
+            validate(&inv)
+                .unwrap_err()
+                .to_string()
+                .contains("at most 64 labels")
+        );
+        inv.labels.pop_first();
+        assert!(validate(&inv).is_ok());
+        assert!(is_label_key(&"k".repeat(63)));
+        assert!(!is_label_key(&"k".repeat(254)));
+    }
+
+    #[test]
+    fn selector_labels_match_the_unit_then_its_node() {
+        let unit = labels(&[("tier", "gold"), ("rack", "r9")]);
+        let node = labels(&[("rack", "r1"), ("row", "7")]);
+        assert!(labels_match(&Labels::new(), &unit, &node));
+        assert!(labels_match(&labels(&[("tier", "gold")]), &unit, &node));
+        assert!(labels_match(&labels(&[("row", "7")]), &unit, &node));
+        assert!(labels_match(
+            &labels(&[("tier", "gold"), ("row", "7")]),
+            &unit,
+            &node
+        ));
+        assert!(
+            labels_match(&labels(&[("rack", "r9")]), &unit, &node),
+            "the unit's own label wins"
+        );
+        assert!(!labels_match(&labels(&[("rack", "r1")]), &unit, &node));
+        assert!(!labels_match(&labels(&[("tier", "silver")]), &unit, &node));
+        assert!(!labels_match(&labels(&[("zone", "a")]), &unit, &node));
+        assert!(!labels_match(&labels(&[("row", "")]), &unit, &node));
     }
 }

@@ -192,9 +192,13 @@ pub fn write_private_file(path: &Path, contents: &str) -> anyhow::Result<()> {
 }
 
 async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+    stopping().await;
+    tracing::info!("shutting down: finishing in-flight requests");
+}
+
+/// Resolves when the process is asked to stop (SIGINT or SIGTERM): the server and every
+/// open event stream end on it.
+pub async fn stopping() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {
@@ -204,8 +208,7 @@ async fn shutdown_signal() {
         }
     };
     tokio::select! {
-        () = ctrl_c => {},
+        _ = tokio::signal::ctrl_c() => {},
         () = terminate => {},
     }
-    tracing::info!("shutting down: finishing in-flight requests");
 }

@@ -247,6 +247,7 @@ on_both_databases!(
     the_carry_of_held_devices_stops_after_24_hours,
     a_booking_made_in_advance_takes_held_devices_at_its_start,
     a_lost_node_fails_its_reservations_and_its_capacity_is_booked_elsewhere,
+    held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports,
 );
 
 async fn a_node_binding_goes_placed_binding_active_when_its_node_reports_bound(db: Db) {
@@ -673,4 +674,74 @@ async fn a_lost_node_fails_its_reservations_and_its_capacity_is_booked_elsewhere
             .iter()
             .any(|e| e["type"] == "inventory.node-lost" && e["objectId"] == lost.as_str())
     );
+}
+
+async fn held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports(db: Db) {
+    let mut w = world(db, &["n1"], json!({ "kubernetes": true })).await;
+    let r = w.bound_kubernetes().await;
+    w.advance(T0 + 10 * MIN).await;
+    let released = w.release(&r).await;
+    assert_eq!(released["state"], "released");
+    assert!(condition(&released, "DevicesHeld").is_some(), "{released}");
+    assert!(w.bookings(&r).await.iter().all(|(_, _, active)| *active));
+    let waiting = w.create(w.ask("tenant-a", "k-2", "hold")).await;
+    assert_eq!(waiting["state"], "pending", "held devices are not free");
+
+    // The node's agent stops before it reports the devices released.
+    w.live.clear();
+    w.advance(T0 + 14 * MIN).await;
+    assert!(
+        w.bookings(&r).await.iter().all(|(_, _, active)| *active),
+        "not lost yet"
+    );
+    w.advance(T0 + 15 * MIN + 1000).await;
+    let bookings = w.bookings(&r).await;
+    assert_eq!(bookings.len(), 8);
+    assert!(
+        bookings
+            .iter()
+            .all(|(end, _, active)| !active && *end <= T0 + 15 * MIN + 1000),
+        "the held bookings end when the node is lost: {bookings:?}"
+    );
+    let got = w.get(&r).await;
+    assert_eq!(
+        got["state"], "released",
+        "a terminal reservation stays as it ended"
+    );
+    assert!(condition(&got, "DevicesHeld").is_none(), "{got}");
+    assert_eq!(got["binding"]["status"], "lost", "{got}");
+    assert_eq!(w.node_conditions("n1").await, ["NodeLost"]);
+    assert_eq!(
+        w.get(&waiting).await["state"],
+        "pending",
+        "a lost node gets no new placements"
+    );
+
+    // The node reports again: nothing is held there any more and its GPUs are booked.
+    w.start_agent("n1").await;
+    assert!(w.node_conditions("n1").await.is_empty());
+    assert!(
+        w.poll("n1")
+            .await
+            .iter()
+            .all(|b| b["reservationId"] != r["id"]),
+        "no unbind is asked of it"
+    );
+    let (status, late) = w
+        .report("n1", &r, json!({ "status": "allocation-released" }))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a late report changes nothing: {late}"
+    );
+    assert_eq!(late["status"], "lost");
+    w.advance(T0 + 30 * MIN).await;
+    let placed = w.get(&waiting).await;
+    assert!(
+        placed["state"] == "placed" || placed["state"] == "active",
+        "{placed}"
+    );
+    assert_eq!(placed["placement"]["nodeId"], "n1");
+    assert_eq!(w.used_gpus("tenant-a").await, 8);
 }

@@ -1,6 +1,7 @@
 //! Compute reservations for every device class, selectors, sharing, host resources and
 //! gangs (seed 004, `create`): nodes report MIG instances, slots, NIC VFs, disks and whole
-//! nodes besides GPUs, and gangs are placed on several nodes at once, all or none.
+//! nodes besides GPUs, and gangs are placed on several nodes at once, all or none. Nodes
+//! and units carry labels that selectors match and that a gang's `topologyKey` may name.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -37,10 +38,11 @@ fn unit(
     unit
 }
 
-/// A node inventory builder: a region, the host's resources and any units.
+/// A node inventory builder: a region, node labels, the host's resources and any units.
 struct Inventory {
     node: String,
     region: String,
+    labels: Option<Value>,
     host: (i64, i64, i64),
     units: Vec<Value>,
 }
@@ -50,6 +52,7 @@ impl Inventory {
         Inventory {
             node: node.to_string(),
             region: "eu-west-1".into(),
+            labels: None,
             host: (224, 2048, 512),
             units: Vec::new(),
         }
@@ -57,6 +60,20 @@ impl Inventory {
 
     fn region(mut self, region: &str) -> Self {
         self.region = region.into();
+        self
+    }
+
+    /// The node's labels.
+    fn labels(mut self, labels: Value) -> Self {
+        self.labels = Some(labels);
+        self
+    }
+
+    /// Labels on the units at positions `at` (in the order they were added).
+    fn unit_labels(mut self, at: std::ops::Range<usize>, labels: Value) -> Self {
+        for u in &mut self.units[at] {
+            u["labels"] = labels.clone();
+        }
         self
     }
 
@@ -81,11 +98,15 @@ impl Inventory {
     }
 
     fn json(&self) -> Value {
-        json!({
+        let mut inv = json!({
             "region": self.region,
             "host": { "vcpu": self.host.0, "memoryGiB": self.host.1, "hugepages1Gi": self.host.2 },
             "units": self.units,
-        })
+        });
+        if let Some(labels) = &self.labels {
+            inv["labels"] = labels.clone();
+        }
+        inv
     }
 }
 
@@ -306,6 +327,10 @@ on_both_databases!(
     extending_a_gang_moves_every_member_and_cancel_and_expiry_end_it,
     iam_sees_gpus_and_host_resources_summed_over_a_gang,
     a_gang_spans_nodes_that_report_the_same_unit_ids,
+    inventory_labels_round_trip_and_do_not_bump_the_topology_generation,
+    invalid_labels_are_refused_naming_the_field,
+    label_selectors_match_unit_labels_then_node_labels,
+    a_gang_with_a_label_topology_key_lands_on_nodes_of_one_rack,
 );
 
 fn mixed_node(node: &str) -> Inventory {
@@ -453,17 +478,14 @@ async fn selectors_pick_units_by_model_and_memory(db: Db) {
         .await;
     assert_eq!(none["state"], "pending", "no unit matches: {none}");
     assert_eq!(none["conditions"][0]["type"], "Unschedulable");
-    // Units carry no labels in inventory, so a label selector is refused, not ignored.
-    let (status, err) = w
-        .rpc(
-            "create",
-            w.ask(
-                "k-labels",
-                json!([{ "class": "gpu", "count": 1, "selector": { "labels": { "rack": "a" } } }]),
-            ),
-        )
+    // No unit or node carries the label: the request waits, it is not refused.
+    let unlabelled = w
+        .create(w.ask(
+            "k-labels",
+            json!([{ "class": "gpu", "count": 1, "selector": { "labels": { "rack": "a" } } }]),
+        ))
         .await;
-    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    assert_eq!(unlabelled["state"], "pending", "{unlabelled}");
 }
 
 async fn a_sharing_mode_other_than_the_pools_is_invalid_input(db: Db) {
@@ -675,7 +697,7 @@ async fn a_gang_with_topology_key_region_stays_in_one_region(db: Db) {
         "{wide}"
     );
     let mut unknown = gang(&w, "k-unknown", 1, 2);
-    unknown["gang"]["topologyKey"] = json!("nvlink-switch");
+    unknown["gang"]["topologyKey"] = json!("nvlink switch");
     let (status, err) = w.rpc("create", unknown).await;
     assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
 }
@@ -840,4 +862,302 @@ async fn a_gang_spans_nodes_that_report_the_same_unit_ids(db: Db) {
     let released = w.call("release", &r["id"]).await;
     assert_eq!(released["state"], "released");
     assert!(w.active_bookings(&r["id"]).await.is_empty());
+}
+
+/// The labels of a node view and of each of its units (`{}` for a unit without labels).
+fn labels_of(view: &Value) -> (Value, Vec<Value>) {
+    let units = view["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.get("labels").cloned().unwrap_or_else(|| json!({})))
+        .collect();
+    (view["labels"].clone(), units)
+}
+
+async fn inventory_labels_round_trip_and_do_not_bump_the_topology_generation(db: Db) {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    let inv = Inventory::new("l1")
+        .labels(json!({ "rack": "r1", "example.com/tier": "gold", "empty": "" }))
+        .gpus(2, "H100-SXM5-80GB", 80)
+        .unit_labels(0..1, json!({ "nvidia.com/mig.capable": "true" }));
+    let path = "/v1/orgs/acme/provider/nodes/l1";
+    let (status, put) = provider.put(path, inv.json()).await;
+    assert_eq!(status, StatusCode::CREATED, "{put}");
+    let expected = (
+        json!({ "rack": "r1", "example.com/tier": "gold", "empty": "" }),
+        vec![json!({ "nvidia.com/mig.capable": "true" }), json!({})],
+    );
+    assert_eq!(labels_of(&put), expected);
+    assert!(put["units"][1].get("labels").is_none(), "{put}");
+    let (status, got) = provider.get("/v1/nodes/l1").await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    assert_eq!(labels_of(&got), expected);
+    assert_eq!(got["topologyGen"], 1);
+    let (_, listed) = provider.get("/v1/orgs/acme/provider/nodes").await;
+    assert_eq!(labels_of(&listed[0]), expected);
+
+    // The same report again changes nothing.
+    server.set_clock(T0 + 60_000).await;
+    let (status, same) = provider.put(path, inv.json()).await;
+    assert_eq!(status, StatusCode::OK, "{same}");
+    assert_eq!(same["topologyGen"], 1);
+    assert_eq!(same["updatedAt"], got["updatedAt"], "unchanged: {same}");
+    assert_eq!(labels_of(&same), expected);
+
+    // Changed labels update the node but are not topology.
+    server.set_clock(T0 + 120_000).await;
+    let relabelled = Inventory::new("l1")
+        .labels(json!({ "rack": "r2" }))
+        .gpus(2, "H100-SXM5-80GB", 80)
+        .unit_labels(1..2, json!({ "tier": "silver" }));
+    let (status, updated) = provider.put(path, relabelled.json()).await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    assert_eq!(updated["topologyGen"], 1, "labels are not topology");
+    assert_ne!(updated["updatedAt"], got["updatedAt"], "{updated}");
+    assert_eq!(
+        labels_of(&updated),
+        (
+            json!({ "rack": "r2" }),
+            vec![json!({}), json!({ "tier": "silver" })]
+        )
+    );
+    let (_, got) = provider.get("/v1/nodes/l1").await;
+    assert_eq!(labels_of(&got), labels_of(&updated));
+    let (status, again) = provider.put(path, relabelled.json()).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["updatedAt"], updated["updatedAt"], "idempotent");
+    let (_, events) = provider.get("/v1/events").await;
+    let types: Vec<&str> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["objectId"] == "l1")
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert!(types.contains(&"inventory.node-updated"), "{types:?}");
+    assert!(!types.contains(&"inventory.topology-changed"), "{types:?}");
+
+    // Dropping the labels stores none; a node never labelled reads `{}`.
+    let bare = Inventory::new("l1").gpus(2, "H100-SXM5-80GB", 80);
+    let (_, cleared) = provider.put(path, bare.json()).await;
+    assert_eq!(labels_of(&cleared), (json!({}), vec![json!({}), json!({})]));
+    assert_eq!(cleared["topologyGen"], 1);
+    let (status, other) = provider
+        .put("/v1/orgs/acme/provider/nodes/l2", bare.json())
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{other}");
+    assert_eq!(other["labels"], json!({}));
+}
+
+async fn invalid_labels_are_refused_naming_the_field(db: Db) {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    let too_many: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let cases = [
+        (
+            Inventory::new("bad")
+                .gpus(4, "H100-SXM5-80GB", 80)
+                .unit_labels(3..4, json!({ "-rack": "r1" })),
+            "units[3].labels",
+        ),
+        (
+            Inventory::new("bad")
+                .gpus(2, "H100-SXM5-80GB", 80)
+                .unit_labels(0..1, json!({ "rack": "r 1" })),
+            "units[0].labels",
+        ),
+        (
+            Inventory::new("bad").labels(json!({ "rack": "x".repeat(64) })),
+            "labels",
+        ),
+        (
+            Inventory::new("bad").labels(json!({ "Example.com/rack": "r1" })),
+            "labels",
+        ),
+        (
+            Inventory::new("bad").labels(Value::Object(too_many)),
+            "labels",
+        ),
+    ];
+    for (inv, field) in cases {
+        let (status, err) = provider
+            .put("/v1/orgs/acme/provider/nodes/bad", inv.json())
+            .await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+        assert_eq!(err["error"]["details"]["field"], field, "{err}");
+    }
+    let (status, _) = provider
+        .put(
+            "/v1/orgs/acme/provider/nodes/bad",
+            Inventory::new("bad").labels(json!({ "rack": 7 })).json(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "label values are strings");
+    let (status, _) = provider.get("/v1/nodes/bad").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was registered");
+
+    // Selector labels follow the same rules.
+    let w = world(
+        db,
+        vec![Inventory::new("s1").gpus(2, "H100-SXM5-80GB", 80)],
+        json!({ "gpu": 8 }),
+        json!({}),
+    )
+    .await;
+    for (labels, key) in [
+        (json!({ "rack/": "r1" }), "k-key"),
+        (json!({ "rack": "r1!" }), "k-value"),
+    ] {
+        let ask = w.ask(
+            key,
+            json!([{ "class": "gpu", "count": 1 }, { "class": "gpu", "count": 1, "selector": { "labels": labels } }]),
+        );
+        let (status, err) = w.rpc("create", ask).await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+        assert_eq!(
+            err["error"]["details"]["field"], "devices[1].selector.labels",
+            "{err}"
+        );
+    }
+}
+
+async fn label_selectors_match_unit_labels_then_node_labels(db: Db) {
+    // a1: gold by unit label on gpu0-1; a2: gold by node label, but gpu3 says silver;
+    // a3: no labels at all.
+    let nodes = vec![
+        Inventory::new("a1")
+            .labels(json!({ "rack": "r1" }))
+            .gpus(4, "H100-SXM5-80GB", 80)
+            .unit_labels(0..2, json!({ "tier": "gold" })),
+        Inventory::new("a2")
+            .labels(json!({ "rack": "r2", "tier": "gold" }))
+            .gpus(4, "H100-SXM5-80GB", 80)
+            .unit_labels(3..4, json!({ "tier": "silver" })),
+        Inventory::new("a3").gpus(4, "H100-SXM5-80GB", 80),
+    ];
+    let w = world(db, nodes, json!({ "gpu": 16 }), json!({})).await;
+    let units = |r: &Value| -> Vec<String> {
+        let mut ids: Vec<String> = r["placement"]["unitIds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u.as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let labelled = |key: &str, count: i64, labels: Value| {
+        w.ask(
+            key,
+            json!([{ "class": "gpu", "count": count, "selector": { "labels": labels } }]),
+        )
+    };
+    // Only a2 has three gold units (by its node label); its silver unit is left out.
+    let three = w
+        .create(labelled("k-three", 3, json!({ "tier": "gold" })))
+        .await;
+    assert_eq!(three["state"], "placed", "{three}");
+    assert_eq!(units(&three), ["a2-gpu0", "a2-gpu1", "a2-gpu2"]);
+    // The remaining gold units are a1's, gold by their own labels.
+    let two = w
+        .create(labelled("k-two", 2, json!({ "tier": "gold" })))
+        .await;
+    assert_eq!(two["state"], "placed", "{two}");
+    assert_eq!(units(&two), ["a1-gpu0", "a1-gpu1"]);
+    // Unit label and node label together: the silver unit on rack r2.
+    let silver = w
+        .create(labelled(
+            "k-silver",
+            1,
+            json!({ "rack": "r2", "tier": "silver" }),
+        ))
+        .await;
+    assert_eq!(silver["state"], "placed", "{silver}");
+    assert_eq!(units(&silver), ["a2-gpu3"]);
+    // Nothing gold is left, and no node is in rack r3: both wait although a1 and a3
+    // have free GPUs.
+    let more = w
+        .create(labelled("k-more", 1, json!({ "tier": "gold" })))
+        .await;
+    assert_eq!(more["state"], "pending", "{more}");
+    assert_eq!(more["conditions"][0]["type"], "Unschedulable", "{more}");
+    let r3 = w.create(labelled("k-r3", 1, json!({ "rack": "r3" }))).await;
+    assert_eq!(r3["state"], "pending", "{r3}");
+    let r1 = w.create(labelled("k-r1", 2, json!({ "rack": "r1" }))).await;
+    assert_eq!(r1["state"], "placed", "{r1}");
+    assert_eq!(units(&r1), ["a1-gpu2", "a1-gpu3"]);
+    // Releasing gold units lets the waiting gold request take one of them.
+    w.call("release", &two["id"]).await;
+    let placed = w.eventually(&more["id"], "placed").await;
+    let got = units(&placed);
+    assert!(
+        got == ["a1-gpu0"] || got == ["a1-gpu1"],
+        "a gold unit: {placed}"
+    );
+    assert_eq!(w.call("get", &r3["id"]).await["state"], "pending");
+}
+
+async fn a_gang_with_a_label_topology_key_lands_on_nodes_of_one_rack(db: Db) {
+    let rack = |prefix: &str, n: usize, rack: Option<&str>| -> Vec<Inventory> {
+        h100_nodes(prefix, n, "eu-west-1")
+            .into_iter()
+            .map(|inv| match rack {
+                Some(r) => inv.labels(json!({ "rack": r })),
+                None => inv,
+            })
+            .collect()
+    };
+    let mut nodes = rack("ra", 2, Some("r1"));
+    nodes.extend(rack("rb", 3, Some("r2")));
+    nodes.extend(rack("x", 1, None));
+    let w = world(db, nodes, json!({ "gpu": 64 }), json!({})).await;
+    let racked = |key: &str, gpus: i64, size: i64| {
+        let mut ask = gang(&w, key, gpus, size);
+        ask["gang"]["topologyKey"] = json!("rack");
+        ask
+    };
+    // r2 has the most free GPUs: the first gang goes there, all in one rack.
+    let first = w.create(racked("k-first", 8, 2)).await;
+    assert_eq!(first["state"], "placed", "{first}");
+    assert!(
+        members(&first, 8).iter().all(|n| n.starts_with("rb")),
+        "{first}"
+    );
+    // Now r1 has more: the second gang lands on both of its nodes.
+    let second = w.create(racked("k-second", 8, 2)).await;
+    assert_eq!(second["state"], "placed", "{second}");
+    let mut nodes = members(&second, 8);
+    nodes.sort();
+    assert_eq!(nodes, ["ra1", "ra2"]);
+    // One r2 node and the unlabelled node are free: no rack holds two members, and the
+    // node without the label takes no part.
+    let third = w.create(racked("k-third", 8, 2)).await;
+    assert_eq!(third["state"], "pending", "{third}");
+    assert!(
+        third["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("in rack"),
+        "{third}"
+    );
+    // Without the key the same gang fits across them.
+    let anywhere = w.create(gang(&w, "k-anywhere", 8, 2)).await;
+    assert_eq!(anywhere["state"], "placed", "{anywhere}");
+    let mut nodes = members(&anywhere, 8);
+    nodes.sort();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[1], "x1", "{anywhere}");
+    assert!(nodes[0].starts_with("rb"), "{anywhere}");
+    // A key that is no label key is refused.
+    let mut bad = gang(&w, "k-bad", 1, 2);
+    bad["gang"]["topologyKey"] = json!("rack/");
+    let (status, err) = w.rpc("create", bad).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    assert_eq!(
+        err["error"]["details"]["field"], "gang.topologyKey",
+        "{err}"
+    );
 }

@@ -10,6 +10,50 @@ use crate::support::{
     Api, Db, Server, T0, assert_error, component, on_both_databases, register_node,
 };
 
+/// Creates a reservation of `gpus` GPUs in `pool` for `tenant` as `api` (a request for 4
+/// asks for `nvlink-all`: one NVLink domain).
+async fn create(api: &Api, pool: &str, tenant: &str, key: &str, gpus: i64, spot: bool) -> Value {
+    let mut devices = json!([{ "class": "gpu", "count": gpus }]);
+    if gpus == 4 {
+        devices[0]["topology"] = json!("nvlink-all");
+    }
+    let (status, r) = api
+        .post(
+            "/api/compute/reservations/create",
+            json!({ "tenantId": tenant, "poolId": pool, "devices": devices,
+                    "duration": "2h", "spot": spot, "idempotencyKey": key }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    r
+}
+
+async fn get(api: &Api, tenant: &str, r: &Value) -> Value {
+    let (status, got) = api
+        .post(
+            "/api/compute/reservations/get",
+            json!({ "tenantId": tenant, "reservationId": r["id"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    got
+}
+
+/// The GPUs of `tenant`'s quota in `pool` in use.
+async fn gpus_used(server: &Server, pool: &str, tenant: &str) -> i64 {
+    let (_, offers) = server
+        .admin()
+        .get(&format!("/v1/pools/{pool}/offers"))
+        .await;
+    offers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["tenantId"] == tenant)
+        .and_then(|o| o["used"]["gpu"].as_i64())
+        .unwrap_or(0)
+}
+
 /// Provider `acme` owns node `n1` (8 H100s in NVLink domains of 4: gpu0-3, gpu4-7) in one
 /// pool offered to `anchor` and to `stranger`. Node reservation `nr` gives gpu0-5 to
 /// `anchor`, managed by `broker`, and releases gpu0-3 to the spot market.
@@ -76,47 +120,16 @@ async fn market(db: Db) -> Market {
 }
 
 impl Market {
-    /// Creates a reservation of `gpus` GPUs for `tenant` as `api`.
     async fn book(&self, api: &Api, tenant: &str, key: &str, gpus: i64, spot: bool) -> Value {
-        let mut devices = json!([{ "class": "gpu", "count": gpus }]);
-        if gpus == 4 {
-            devices[0]["topology"] = json!("nvlink-all");
-        }
-        let (status, r) = api
-            .post(
-                "/api/compute/reservations/create",
-                json!({ "tenantId": tenant, "poolId": self.pool, "devices": devices,
-                        "duration": "2h", "spot": spot, "idempotencyKey": key }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{r}");
-        r
+        create(api, &self.pool, tenant, key, gpus, spot).await
     }
 
     async fn state_of(&self, api: &Api, tenant: &str, r: &Value) -> Value {
-        let (status, got) = api
-            .post(
-                "/api/compute/reservations/get",
-                json!({ "tenantId": tenant, "reservationId": r["id"] }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{got}");
-        got
+        get(api, tenant, r).await
     }
 
     async fn gpus_used_by(&self, tenant: &str) -> i64 {
-        let (_, offers) = self
-            .server
-            .admin()
-            .get(&format!("/v1/pools/{}/offers", self.pool))
-            .await;
-        offers
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|o| o["tenantId"] == tenant)
-            .and_then(|o| o["used"]["gpu"].as_i64())
-            .unwrap_or(0)
+        gpus_used(&self.server, &self.pool, tenant).await
     }
 
     fn reclaim_path(&self) -> String {
@@ -461,53 +474,24 @@ async fn contest(db: Db, nodes: usize) -> Contest {
 }
 
 impl Contest {
-    async fn create(&self, tenant: &str, key: &str, gpus: i64, spot: bool) -> Value {
-        let api = if tenant == "spotter" {
+    fn api(&self, tenant: &str) -> &Api {
+        if tenant == "spotter" {
             &self.spotter
         } else {
             &self.buyer
-        };
-        let (status, r) = api
-            .post(
-                "/api/compute/reservations/create",
-                json!({ "tenantId": tenant, "poolId": self.pool,
-                        "devices": [{ "class": "gpu", "count": gpus }],
-                        "duration": "2h", "spot": spot, "idempotencyKey": key }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{r}");
-        r
+        }
+    }
+
+    async fn create(&self, tenant: &str, key: &str, gpus: i64, spot: bool) -> Value {
+        create(self.api(tenant), &self.pool, tenant, key, gpus, spot).await
     }
 
     async fn get(&self, tenant: &str, r: &Value) -> Value {
-        let api = if tenant == "spotter" {
-            &self.spotter
-        } else {
-            &self.buyer
-        };
-        let (status, got) = api
-            .post(
-                "/api/compute/reservations/get",
-                json!({ "tenantId": tenant, "reservationId": r["id"] }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{got}");
-        got
+        get(self.api(tenant), tenant, r).await
     }
 
     async fn used(&self, tenant: &str) -> i64 {
-        let (_, offers) = self
-            .server
-            .admin()
-            .get(&format!("/v1/pools/{}/offers", self.pool))
-            .await;
-        offers
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|o| o["tenantId"] == tenant)
-            .and_then(|o| o["used"]["gpu"].as_i64())
-            .unwrap_or(0)
+        gpus_used(&self.server, &self.pool, tenant).await
     }
 
     /// The audit entries of preemptions, oldest first.

@@ -9,7 +9,10 @@
 //!
 //! With `gang.topologyKey`, every member shares the key's value: candidate nodes are grouped
 //! by it and the groups tried in order, most free candidate units first (then by value),
-//! the whole gang inside one group. Nodes without a value for the key take no part.
+//! the whole gang inside one group. The key is `region` (or
+//! `topology.kubernetes.io/region`: the node's reported region) or any node label key (e.g.
+//! `rack`: the value of that label on the node; unit labels play no part). Nodes without a
+//! value for the key take no part.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,26 +27,35 @@ use crate::store::violates;
 use crate::{App, Error, Result};
 
 /// The node attribute every member of a gang must share (`gang.topologyKey`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TopologyKey {
     /// The node's reported `region`.
     Region,
+    /// The value of this node label (node labels only, not unit labels).
+    Label(String),
 }
 
 impl TopologyKey {
-    /// The keys `gang.topologyKey` accepts.
-    pub const SUPPORTED: [&'static str; 2] = ["region", "topology.kubernetes.io/region"];
+    /// The keys that mean the node's `region`; any other well-formed label key names a
+    /// node label.
+    pub const REGION_KEYS: [&'static str; 2] = ["region", "topology.kubernetes.io/region"];
 
+    /// The key `gang.topologyKey` names; `None` when it is not a label key either.
     pub fn parse(key: &str) -> Option<TopologyKey> {
-        Self::SUPPORTED
-            .contains(&key)
-            .then_some(TopologyKey::Region)
+        if Self::REGION_KEYS.contains(&key) {
+            Some(TopologyKey::Region)
+        } else if crate::inventory::is_label_key(key) {
+            Some(TopologyKey::Label(key.to_string()))
+        } else {
+            None
+        }
     }
 
     /// The node's value for this key; `None` when it reports none.
-    pub fn value(self, node: &Node) -> Option<&str> {
+    pub fn value<'a>(&self, node: &'a Node) -> Option<&'a str> {
         match self {
             TopologyKey::Region => node.region.as_deref(),
+            TopologyKey::Label(key) => node.labels.get(key).map(String::as_str),
         }
     }
 }
@@ -129,11 +141,11 @@ pub(super) async fn place(
         .nodes
         .iter()
         .zip(&free)
-        .map(|(node, free)| (key.map_or(Some(""), |k| k.value(node)), *free))
+        .map(|(node, free)| (key.as_ref().map_or(Some(""), |k| k.value(node)), *free))
         .collect();
     let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
     let mut reason: Option<String> = None;
-    let scope = |group: &[usize]| match (key, group.first()) {
+    let scope = |group: &[usize]| match (&key, group.first()) {
         (Some(k), Some(&n)) => format!(
             " in {} {}",
             gang.topology_key.as_deref().unwrap_or("region"),
@@ -394,12 +406,26 @@ mod tests {
 
     #[test]
     fn gang_size_and_topology_key_are_validated() {
-        assert!(gang_request(serde_json::json!({ "size": 2, "topologyKey": "region" })).is_ok());
+        for key in [
+            "region",
+            "topology.kubernetes.io/region",
+            "rack",
+            "example.com/row",
+        ] {
+            assert!(
+                gang_request(serde_json::json!({ "size": 2, "topologyKey": key })).is_ok(),
+                "{key}"
+            );
+        }
         for (gang, field) in [
             (serde_json::json!({ "size": 1 }), "gang.size"),
             (serde_json::json!({ "size": 65 }), "gang.size"),
             (
-                serde_json::json!({ "size": 2, "topologyKey": "nvlink-switch" }),
+                serde_json::json!({ "size": 2, "topologyKey": "nvlink switch" }),
+                "gang.topologyKey",
+            ),
+            (
+                serde_json::json!({ "size": 2, "topologyKey": "-rack" }),
                 "gang.topologyKey",
             ),
             (
@@ -413,13 +439,74 @@ mod tests {
     }
 
     #[test]
-    fn only_region_keys_are_supported() {
+    fn region_keys_mean_the_region_and_other_label_keys_a_node_label() {
         assert_eq!(TopologyKey::parse("region"), Some(TopologyKey::Region));
         assert_eq!(
             TopologyKey::parse("topology.kubernetes.io/region"),
             Some(TopologyKey::Region)
         );
-        assert_eq!(TopologyKey::parse("nvlink-switch"), None);
-        assert_eq!(TopologyKey::parse("rack"), None);
+        assert_eq!(
+            TopologyKey::parse("rack"),
+            Some(TopologyKey::Label("rack".into()))
+        );
+        assert_eq!(
+            TopologyKey::parse("topology.kubernetes.io/zone"),
+            Some(TopologyKey::Label("topology.kubernetes.io/zone".into()))
+        );
+        assert_eq!(TopologyKey::parse("nvlink switch"), None);
+        assert_eq!(TopologyKey::parse("Example.com/rack"), None);
+        assert_eq!(TopologyKey::parse(""), None);
+    }
+
+    fn node(region: Option<&str>, labels: &[(&str, &str)]) -> Node {
+        Node {
+            id: "n".into(),
+            org_id: "acme".into(),
+            region: region.map(Into::into),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            host: crate::inventory::HostResources {
+                vcpu: 224,
+                memory_gib: 2048,
+                hugepages_1gi: 0,
+            },
+            units: Vec::new(),
+            topology_gen: 1,
+            single_class: true,
+            created_at: String::new(),
+            updated_at: String::new(),
+            last_seen_at: String::new(),
+            conditions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_label_key_groups_nodes_by_their_label_and_leaves_out_nodes_without_it() {
+        let rack = TopologyKey::parse("rack").unwrap();
+        let region = TopologyKey::parse("region").unwrap();
+        let nodes = [
+            node(Some("eu"), &[("rack", "r2")]),
+            node(Some("eu"), &[("rack", "r1")]),
+            node(Some("eu"), &[("row", "7")]),
+            node(None, &[("rack", "r2")]),
+            node(Some("us"), &[("rack", "r1"), ("region", "ignored")]),
+        ];
+        assert_eq!(rack.value(&nodes[0]), Some("r2"));
+        assert_eq!(rack.value(&nodes[2]), None);
+        assert_eq!(region.value(&nodes[3]), None);
+        assert_eq!(
+            region.value(&nodes[4]),
+            Some("us"),
+            "the region, not a label"
+        );
+        let described: Vec<(Option<&str>, u32)> =
+            nodes.iter().map(|n| (rack.value(n), 8)).collect();
+        assert_eq!(
+            groups(&described, true),
+            vec![vec![1, 4], vec![0, 3]],
+            "r1 and r2 tie on 16 free units (r1 first); the node without a rack is in no group"
+        );
     }
 }

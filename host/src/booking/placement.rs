@@ -11,7 +11,7 @@ use super::store::Reservation;
 use super::{DeviceRequest, HostBooking};
 use crate::Result;
 use crate::inventory::nodes::Node;
-use crate::inventory::{DeviceClass, Unit};
+use crate::inventory::{DeviceClass, Unit, labels_match};
 use crate::node_reservations::may_place;
 use crate::node_reservations::queries::{Filter, load};
 use crate::store::{flag, placeholders};
@@ -397,7 +397,7 @@ impl Snapshot {
                 }
                 let claims = self.claims.get(&key).map_or(&[][..], Vec::as_slice);
                 let usable = unit.sellable
-                    && request.devices.iter().any(|d| matches(d, unit))
+                    && request.devices.iter().any(|d| matches(d, unit, node))
                     && may_place(&reservation.tenant_id, &unit.id, claims, reservation.spot);
                 if !usable {
                     continue;
@@ -471,11 +471,16 @@ impl Snapshot {
     }
 }
 
-fn matches(device: &DeviceRequest, unit: &Unit) -> bool {
+/// Whether `unit` of `node` satisfies a device entry: its class, and the selector's model,
+/// memory and labels (each pair the unit's label, or the node's when the unit lacks the key).
+fn matches(device: &DeviceRequest, unit: &Unit, node: &Node) -> bool {
     device.class == unit.device_class
         && device.selector.as_ref().is_none_or(|s| {
             s.model.as_ref().is_none_or(|m| *m == unit.model)
                 && s.memory_gib.is_none_or(|min| unit.memory_gib >= min)
+                && s.labels
+                    .as_ref()
+                    .is_none_or(|wanted| labels_match(wanted, &unit.labels, &node.labels))
         })
 }
 
@@ -524,6 +529,79 @@ mod tests {
             duration_seconds: 3600,
             models: vec!["H100".into()],
         }
+    }
+
+    #[test]
+    fn selector_labels_match_the_units_label_or_else_its_nodes() {
+        let labels = |pairs: &[(&str, &str)]| -> crate::inventory::Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let gpu = |unit_labels: &[(&str, &str)]| Unit {
+            id: "g0".into(),
+            class: crate::inventory::UnitClass::VfioGroup,
+            device_class: DeviceClass::Gpu,
+            model: "H100".into(),
+            memory_gib: 80,
+            nvlink_domain: None,
+            sellable: true,
+            labels: labels(unit_labels),
+        };
+        let node = Node {
+            id: "n1".into(),
+            org_id: "acme".into(),
+            region: None,
+            labels: labels(&[("rack", "r1"), ("tier", "gold")]),
+            host: crate::inventory::HostResources {
+                vcpu: 8,
+                memory_gib: 64,
+                hugepages_1gi: 0,
+            },
+            units: Vec::new(),
+            topology_gen: 1,
+            single_class: true,
+            created_at: String::new(),
+            updated_at: String::new(),
+            last_seen_at: String::new(),
+            conditions: Vec::new(),
+        };
+        let ask = |pairs: &[(&str, &str)]| DeviceRequest {
+            class: DeviceClass::Gpu,
+            count: 1,
+            selector: Some(super::super::Selector {
+                model: Some("H100".into()),
+                memory_gib: None,
+                labels: Some(labels(pairs)),
+            }),
+            topology: None,
+            sharing: None,
+        };
+        let plain = gpu(&[]);
+        let silver = gpu(&[("tier", "silver")]);
+        assert!(matches(&ask(&[]), &plain, &node));
+        assert!(
+            matches(&ask(&[("tier", "gold")]), &plain, &node),
+            "node fallback"
+        );
+        assert!(
+            !matches(&ask(&[("tier", "gold")]), &silver, &node),
+            "unit wins"
+        );
+        assert!(matches(
+            &ask(&[("tier", "silver"), ("rack", "r1")]),
+            &silver,
+            &node
+        ));
+        assert!(!matches(&ask(&[("rack", "r2")]), &plain, &node));
+        assert!(!matches(&ask(&[("zone", "a")]), &plain, &node));
+        let mut other_model = ask(&[("tier", "gold")]);
+        other_model.selector.as_mut().unwrap().model = Some("L4".into());
+        assert!(
+            !matches(&other_model, &plain, &node),
+            "every criterion holds"
+        );
     }
 
     #[test]

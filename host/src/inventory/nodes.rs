@@ -8,15 +8,15 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row as _};
 
 use super::{
-    DeviceClass, HostResources, NodeInventory, Unit, UnitClass, single_class, topology_changed,
-    validate,
+    DeviceClass, HostResources, Labels, NodeInventory, Unit, UnitClass, single_class,
+    topology_changed, validate,
 };
 use crate::App;
 use crate::audit::{self, Entry};
 use crate::clock::format_ms;
 use crate::events;
 use crate::iam::{Permission, Principal};
-use crate::store::{flag, is_unique_violation};
+use crate::store::{flag, is_unique_violation, to_json};
 use crate::validation;
 use crate::{Error, Result};
 
@@ -28,9 +28,12 @@ pub struct Node {
     pub org_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// The node's labels as last reported (`{}` without any).
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
+    pub labels: Labels,
     pub host: HostResources,
     pub units: Vec<Unit>,
-    /// Increases whenever the reported GPU topology changes.
+    /// Increases whenever the reported GPU topology changes (never for labels alone).
     pub topology_gen: i64,
     /// All GPU units share one unit class.
     pub single_class: bool,
@@ -58,7 +61,8 @@ pub enum Change {
 }
 
 /// Registers `node_id` for `org_id`, or replaces its inventory. The same report twice
-/// changes nothing; a topology change bumps `topologyGen`.
+/// changes nothing; a topology change bumps `topologyGen`. A change of node or unit labels
+/// alone updates the node without bumping it: labels are not topology.
 pub async fn register(
     app: &App,
     caller: &Principal,
@@ -111,8 +115,8 @@ async fn try_register(
         None => {
             sqlx::query(
                 "INSERT INTO nodes (id, org_id, region, host_vcpu, host_memory_gib, host_hugepages_1gi,
-                                    topology_gen, created_at, updated_at, last_seen_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $7, $7)",
+                                    topology_gen, created_at, updated_at, last_seen_at, labels)
+                 VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $7, $7, $8)",
             )
             .bind(node_id)
             .bind(org_id)
@@ -121,6 +125,7 @@ async fn try_register(
             .bind(inv.host.memory_gib)
             .bind(inv.host.hugepages_1gi)
             .bind(now)
+            .bind(to_json(&inv.labels))
             .execute(&mut **tx)
             .await
             .map_err(|e| Error::Internal(anyhow::Error::new(e)))?;
@@ -128,7 +133,10 @@ async fn try_register(
             Change::Registered
         }
         Some(node)
-            if node.region == inv.region && node.host == inv.host && node.units == inv.units =>
+            if node.region == inv.region
+                && node.labels == inv.labels
+                && node.host == inv.host
+                && node.units == inv.units =>
         {
             sqlx::query("UPDATE nodes SET last_seen_at = $1, lost_at = NULL WHERE id = $2")
                 .bind(now)
@@ -141,7 +149,8 @@ async fn try_register(
             let bumped = topology_changed(&node.units, &inv.units);
             let updated = sqlx::query(
                 "UPDATE nodes SET region = $1, host_vcpu = $2, host_memory_gib = $3, host_hugepages_1gi = $4,
-                                  topology_gen = $5, updated_at = $6, last_seen_at = $6, lost_at = NULL
+                                  topology_gen = $5, updated_at = $6, last_seen_at = $6, lost_at = NULL,
+                                  labels = $9
                  WHERE id = $7 AND topology_gen = $8",
             )
             .bind(&inv.region)
@@ -152,6 +161,7 @@ async fn try_register(
             .bind(now)
             .bind(node_id)
             .bind(node.topology_gen)
+            .bind(to_json(&inv.labels))
             .execute(&mut **tx)
             .await?;
             if updated.rows_affected() == 0 {
@@ -232,8 +242,8 @@ async fn record_change(
 async fn insert_units(conn: &mut AnyConnection, node_id: &str, units: &[Unit]) -> Result<()> {
     for (position, u) in units.iter().enumerate() {
         sqlx::query(
-            "INSERT INTO units (node_id, id, position, class, device_class, model, memory_gib, nvlink_domain, sellable)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            "INSERT INTO units (node_id, id, position, class, device_class, model, memory_gib, nvlink_domain, sellable, labels)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(node_id)
         .bind(&u.id)
@@ -244,6 +254,7 @@ async fn insert_units(conn: &mut AnyConnection, node_id: &str, units: &[Unit]) -
         .bind(u.memory_gib)
         .bind(&u.nvlink_domain)
         .bind(u.sellable)
+        .bind(to_json(&u.labels))
         .execute(&mut *conn)
         .await?;
     }
@@ -304,22 +315,22 @@ async fn load(conn: &mut AnyConnection, org_id: Option<&str>) -> Result<Vec<Node
             .or_default()
             .push(unit_from_row(r)?);
     }
-    Ok(rows
-        .iter()
+    rows.iter()
         .map(|r| {
             node_from_row(
                 r,
                 units.remove(&r.get::<String, _>("id")).unwrap_or_default(),
             )
         })
-        .collect())
+        .collect()
 }
 
-const NODE_COLUMNS: &str = "id, org_id, region, host_vcpu, host_memory_gib, host_hugepages_1gi, \
+const NODE_COLUMNS: &str = "id, org_id, region, labels, host_vcpu, host_memory_gib, host_hugepages_1gi, \
                             topology_gen, created_at, updated_at, last_seen_at, lost_at, \
                             (SELECT CAST(MIN(rb.stuck_since) AS BIGINT) FROM reservation_bindings rb \
                              WHERE rb.node_id = nodes.id AND rb.status = 'unbinding') AS stuck_since";
-const UNIT_COLUMNS: &str = "id, class, device_class, model, memory_gib, nvlink_domain, sellable";
+const UNIT_COLUMNS: &str =
+    "id, class, device_class, model, memory_gib, nvlink_domain, sellable, labels";
 
 /// The node with `id` and its units, whoever asks (callers check visibility).
 pub async fn find(conn: &mut AnyConnection, node_id: &str) -> Result<Option<Node>> {
@@ -339,12 +350,20 @@ pub async fn find(conn: &mut AnyConnection, node_id: &str) -> Result<Option<Node
     .iter()
     .map(unit_from_row)
     .collect::<Result<Vec<_>>>()?;
-    Ok(Some(node_from_row(&row, units)))
+    node_from_row(&row, units).map(Some)
 }
 
-fn node_from_row(r: &AnyRow, units: Vec<Unit>) -> Node {
-    Node {
-        id: r.get("id"),
+/// Labels stored as a JSON object in a TEXT column.
+fn labels_from_row(r: &AnyRow, what: &str) -> Result<Labels> {
+    let text: String = r.get("labels");
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("stored labels of {what}: {e}").into())
+}
+
+fn node_from_row(r: &AnyRow, units: Vec<Unit>) -> Result<Node> {
+    let id: String = r.get("id");
+    Ok(Node {
+        labels: labels_from_row(r, &format!("node {id}"))?,
+        id,
         org_id: r.get("org_id"),
         region: r.get("region"),
         host: HostResources {
@@ -359,7 +378,7 @@ fn node_from_row(r: &AnyRow, units: Vec<Unit>) -> Node {
         updated_at: format_ms(r.get("updated_at")),
         last_seen_at: format_ms(r.get("last_seen_at")),
         conditions: node_conditions(r.get("lost_at"), r.get("stuck_since")),
-    }
+    })
 }
 
 fn node_conditions(
@@ -390,8 +409,10 @@ fn node_conditions(
 fn unit_from_row(r: &AnyRow) -> Result<Unit> {
     let class: String = r.get("class");
     let device_class: String = r.get("device_class");
+    let id: String = r.get("id");
     Ok(Unit {
-        id: r.get("id"),
+        labels: labels_from_row(r, &format!("unit {id}"))?,
+        id,
         class: UnitClass::parse(&class)
             .ok_or_else(|| anyhow::anyhow!("stored unit class {class:?}"))?,
         device_class: DeviceClass::parse(&device_class)

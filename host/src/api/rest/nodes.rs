@@ -20,8 +20,9 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(get_node))
 }
 
-/// Register a node owned by `orgId`, or replace its inventory. The same inventory again
-/// changes nothing; a topology change bumps `topologyGen`.
+/// Register a node owned by `orgId`, or replace its inventory (with optional node and unit
+/// `labels`). The same inventory again changes nothing; a topology change bumps
+/// `topologyGen`, a change of labels alone does not.
 #[utoipa::path(put, path = "/v1/orgs/{orgId}/provider/nodes/{nodeId}", tag = "nodes",
     params(("orgId" = String, Path), ("nodeId" = String, Path)), request_body = NodeInventory,
     responses((status = 201, description = "Registered", body = Node), (status = 200, description = "Updated or unchanged", body = Node),
