@@ -1,6 +1,6 @@
 //! `orl bench placement`: replays one stream of requests against one inventory snapshot,
 //! once with the default placement policy run natively and once as its WebAssembly
-//! component (a fresh instance per decision, as the server runs it), and prints decisions
+//! component (on warm instances, as the server runs it), and prints decisions
 //! per second, p50/p99 per decision and the ratio.
 
 use std::time::{Duration, Instant};
@@ -25,8 +25,8 @@ pub struct PlacementBench {
     pub requests: usize,
 }
 
-/// A snapshot of `count` nodes of 8 H100s, about half of them partly busy; every free unit
-/// is a candidate.
+/// A snapshot of `count` nodes of 8 H100s in two NVLink domains, each unit busy with
+/// probability 0.3; every free unit is a candidate.
 pub fn snapshot(count: usize, rng: &mut StdRng) -> Candidates {
     let mut candidates = Candidates::default();
     for id in 0..count as u32 {

@@ -47,10 +47,10 @@ pub const TEST_CLOCK_ENV: &str = "ORL_TEST_CLOCK_MS";
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let admin_key = std::env::var(ADMIN_KEY_ENV).ok().filter(|k| !k.is_empty());
-    if let Some(key) = &admin_key {
-        if !key.starts_with("or_") || key.len() < 20 || key.len() > 200 {
-            bail!("{ADMIN_KEY_ENV} must be an or_… key of 20-200 characters");
-        }
+    if let Some(key) = &admin_key
+        && (!key.starts_with("or_") || key.len() < 20 || key.len() > 200)
+    {
+        bail!("{ADMIN_KEY_ENV} must be an or_… key of 20-200 characters");
     }
     let clock = match std::env::var(TEST_CLOCK_ENV) {
         Ok(ms) => Clock::manual(

@@ -56,6 +56,27 @@ fn truncate(value: &str) -> String {
     value.chars().take(40).collect()
 }
 
+/// A list of distinct unit ids: at least one, at most a node's worth, each a valid id.
+pub fn unit_ids(field: &str, unit_ids: &[String]) -> Result<()> {
+    let max = crate::inventory::MAX_UNITS;
+    if unit_ids.is_empty() {
+        return Err(Error::invalid(field, "must name at least one unit"));
+    }
+    if unit_ids.len() > max {
+        return Err(Error::invalid(field, format!("at most {max} units")));
+    }
+    for (i, id) in unit_ids.iter().enumerate() {
+        self::id(&format!("{field}[{i}]"), id)?;
+        if unit_ids[..i].contains(id) {
+            return Err(Error::invalid(
+                format!("{field}[{i}]"),
+                format!("duplicate unit id {id:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,25 +97,4 @@ mod tests {
         assert!(text("reason", "too long!!!", 10).is_err());
         assert!(text("reason", "bell\u{7}", 10).is_err());
     }
-}
-
-/// A list of distinct unit ids: at least one, at most a node's worth, each a valid id.
-pub fn unit_ids(field: &str, unit_ids: &[String]) -> Result<()> {
-    let max = crate::inventory::MAX_UNITS;
-    if unit_ids.is_empty() {
-        return Err(Error::invalid(field, "must name at least one unit"));
-    }
-    if unit_ids.len() > max {
-        return Err(Error::invalid(field, format!("at most {max} units")));
-    }
-    for (i, id) in unit_ids.iter().enumerate() {
-        self::id(&format!("{field}[{i}]"), id)?;
-        if unit_ids[..i].contains(id) {
-            return Err(Error::invalid(
-                format!("{field}[{i}]"),
-                format!("duplicate unit id {id:?}"),
-            ));
-        }
-    }
-    Ok(())
 }

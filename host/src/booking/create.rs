@@ -42,13 +42,13 @@ fn check_against_pool(
                 format!("the pool has no {} devices", device.class.as_str()),
             ));
         }
-        if let Some(sharing) = device.sharing {
-            if sharing != pool.policy.sharing {
-                return Err(Error::invalid(
-                    format!("devices[{i}].sharing"),
-                    "does not match the pool's sharing mode",
-                ));
-            }
+        if let Some(sharing) = device.sharing
+            && sharing != pool.policy.sharing
+        {
+            return Err(Error::invalid(
+                format!("devices[{i}].sharing"),
+                "does not match the pool's sharing mode",
+            ));
         }
     }
     match binding {
@@ -173,18 +173,18 @@ async fn decide_and_place(
         snapshot,
         policy: policy_text,
     } = read_context(app, id, &request, now).await?;
-    if let Some(existing) = &existing {
-        if existing.state == State::AwaitingConfirmation {
-            match confirmation.as_deref() {
-                Some("approved") => confirmed = true,
-                Some("pending") => return Err(confirmation_required(existing)),
-                _ => {
-                    let mut denied = existing.clone();
-                    finish_draft(app, caller, &mut denied, "confirmation-denied").await?;
-                    return Err(Error::AccessDenied(
-                        "the confirmation request was denied or expired".into(),
-                    ));
-                }
+    if let Some(existing) = &existing
+        && existing.state == State::AwaitingConfirmation
+    {
+        match confirmation.as_deref() {
+            Some("approved") => confirmed = true,
+            Some("pending") => return Err(confirmation_required(existing)),
+            _ => {
+                let mut denied = existing.clone();
+                finish_draft(app, caller, &mut denied, "confirmation-denied").await?;
+                return Err(Error::AccessDenied(
+                    "the confirmation request was denied or expired".into(),
+                ));
             }
         }
     }

@@ -166,7 +166,7 @@ async fn decide_extension(
     let mut conn = app.store.pool().acquire().await?;
     let (pool, offer) = bookable_pool(&mut conn, &r.pool_id, &r.tenant_id)
         .await
-        .or_else(|_| -> Result<_> { Err(not_found(&r.id)) })?;
+        .map_err(|_| not_found(&r.id))?;
     let mut longer = r.clone();
     longer.end_ms = new_end;
     let attrs = attributes(&r.request, &longer, "");

@@ -107,7 +107,7 @@ async fn try_register(
 ) -> Result<(Node, Change)> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
-    let existing = find(&mut **tx, node_id).await?;
+    let existing = find(&mut tx, node_id).await?;
     let change = match &existing {
         Some(node) if node.org_id != org_id => {
             return Err(Error::not_found(format_args!("node {node_id}")));
@@ -177,7 +177,7 @@ async fn try_register(
             }
         }
     };
-    let node = find(&mut **tx, node_id)
+    let node = find(&mut tx, node_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("node {node_id} vanished inside its own transaction"))?;
     if change

@@ -1,5 +1,5 @@
 //! Placement through a WebAssembly component: the [`Placer`] seam implemented by running a
-//! plugin on a fresh instance, with its answer checked before the host trusts it.
+//! plugin instance, with its answer checked before the host trusts it.
 
 use std::sync::Arc;
 

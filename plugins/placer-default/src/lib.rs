@@ -322,10 +322,10 @@ pub fn place(req: &Request, candidates: &Candidates) -> Result<Placement, Unsche
     let mut scratch = fit::Scratch::new(req);
     let mut best: Option<(fit::Score, NodeView<'_>)> = None;
     for node in candidates.views() {
-        if let Some(score) = fit::best_on(req, &node, &mut scratch) {
-            if best.as_ref().is_none_or(|(b, _)| score < *b) {
-                best = Some((score, node));
-            }
+        if let Some(score) = fit::best_on(req, &node, &mut scratch)
+            && best.as_ref().is_none_or(|(b, _)| score < *b)
+        {
+            best = Some((score, node));
         }
     }
     let (_, node) =

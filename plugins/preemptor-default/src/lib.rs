@@ -246,10 +246,10 @@ pub fn choose_victims(
     let mut best: Option<search::Choice> = None;
     for node in nodes {
         let bookings = search::helpful_bookings(req, node, spot);
-        if let Some(choice) = search.cheapest_on(node, &bookings, best.as_ref()) {
-            if best.as_ref().is_none_or(|b| choice < *b) {
-                best = Some(choice);
-            }
+        if let Some(choice) = search.cheapest_on(node, &bookings, best.as_ref())
+            && best.as_ref().is_none_or(|b| choice < *b)
+        {
+            best = Some(choice);
         }
     }
     match best {

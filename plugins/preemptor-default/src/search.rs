@@ -70,10 +70,10 @@ pub(crate) fn with_freed(node: &Node, victims: &[&SpotBooking]) -> Node {
         }
         freed.free.push(unit.clone());
         freed.busy_units = freed.busy_units.saturating_sub(1);
-        if let Some(domain) = unit.nvlink_domain {
-            if let Some(load) = freed.domains.iter_mut().find(|d| d.domain == domain) {
-                load.busy = load.busy.saturating_sub(1);
-            }
+        if let Some(domain) = unit.nvlink_domain
+            && let Some(load) = freed.domains.iter_mut().find(|d| d.domain == domain)
+        {
+            load.busy = load.busy.saturating_sub(1);
         }
     }
     freed
