@@ -130,6 +130,13 @@ Try:
   ORL_URL={url} ORL_KEY={tenant} orl compute reservations list --tenant {TENANT_ORG}
   # the audit trail (ops)
   curl -s -H 'Authorization: Bearer {admin}' '{url}/v1/audit?limit=5'
+  # the provider's earnings from the booking above (integer cents), and its spot work
+  ORL_URL={url} ORL_KEY={provider} orl provider earnings
+  ORL_URL={url} ORL_KEY={provider} orl provider spot-workload reclaim h100-1 --dry-run
+  # the same objects through GraphQL (GraphiQL at {url}/graphql), and the live event stream
+  curl -s -X POST -H 'Authorization: Bearer {tenant}' -H 'Content-Type: application/json' \
+       -d '{{"query":"{{ viewer {{ orgId }} computeReservations(tenantId: \"{TENANT_ORG}\") {{ edges {{ node {{ id state }} }} }} }}"}}' {url}/graphql
+  curl -sN -H 'Authorization: Bearer {tenant}' {url}/v1/events/stream
   # the API description
   curl -s {url}/openapi.json | head -c 300; echo
 "#,
