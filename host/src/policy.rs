@@ -35,9 +35,11 @@ pub const DEFAULT_DEADLINE_MS: u64 = 50;
 pub const DEFAULT_MEMORY_BYTES: usize = 64 << 20;
 /// The epoch advances this often; deadlines are counted in it.
 const EPOCH_TICK: Duration = Duration::from_millis(1);
-/// Warm instances kept per plugin and config, and in all.
-const IDLE_PER_KEY: usize = 4;
-const IDLE_TOTAL: usize = 64;
+/// Warm instances kept per plugin and config, and in all. An idle instance keeps the linear
+/// memory it grew to (up to the cap), so few are kept: decisions of one pool are serialized
+/// by the pool lock, so one or two per key serve it.
+const IDLE_PER_KEY: usize = 2;
+const IDLE_TOTAL: usize = 16;
 
 /// The worlds a plugin may implement.
 #[derive(
