@@ -180,7 +180,7 @@ async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
     let nodes = data(
         &w.provider,
         "query($from: Int!, $to: Int!) { nodes { pageInfo { hasNextPage }
-           edges { cursor node { id orgId units { id nvlinkDomain memoryGiB } nvlinkDomains { id unitIds }
+           edges { cursor node { id orgId labels conditions units { id nvlinkDomain memoryGiB labels } nvlinkDomains { id unitIds }
              bookings { reservationId unitId start end active }
              utilization(from: $from, to: $to) { gpuUnits bookedUnitMs ratio } } } } }",
         json!({ "from": T0, "to": T0 + 4 * HOUR }),
@@ -194,6 +194,21 @@ async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
         .map(|n| n["id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(ids(&nodes["nodes"]), rest_ids);
+    for (edge, rest) in nodes["nodes"]["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(rest_nodes.as_array().unwrap())
+    {
+        assert_eq!(
+            edge["node"]["labels"], rest["labels"],
+            "labels as REST shows them"
+        );
+        assert_eq!(
+            edge["node"]["conditions"], rest["conditions"],
+            "conditions as REST shows them"
+        );
+    }
     assert_eq!(nodes["nodes"]["pageInfo"]["hasNextPage"], false);
     for edge in nodes["nodes"]["edges"].as_array().unwrap() {
         let node = &edge["node"];

@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use async_graphql::{ComplexObject, Context, Result, SimpleObject};
+use async_graphql::{ComplexObject, Context, Json, Result, SimpleObject};
 
-use super::api_name;
+use super::{api_name, json};
 use crate::Error;
 use crate::booking::MAX_INSTANT_MS;
 use crate::graphql::{app, loaders};
@@ -26,6 +26,10 @@ pub struct Node {
     #[graphql(name = "hugepages1Gi")]
     pub hugepages_1gi: i64,
     pub units: Vec<Unit>,
+    /// The node's labels (key → value).
+    pub labels: Json<serde_json::Value>,
+    /// `NodeLost`, `KubernetesReleaseStuck`, … as `GET /v1/nodes/{nodeId}` shows them.
+    pub conditions: Json<serde_json::Value>,
     /// Increases whenever the reported GPU topology changes.
     pub topology_gen: i64,
     pub single_class: bool,
@@ -45,6 +49,8 @@ pub struct Unit {
     pub memory_gib: i64,
     pub nvlink_domain: Option<String>,
     pub sellable: bool,
+    /// The unit's labels (key → value).
+    pub labels: Json<serde_json::Value>,
     #[graphql(skip)]
     pub gpu: bool,
 }
@@ -85,6 +91,8 @@ impl From<nodes::Node> for Node {
     fn from(n: nodes::Node) -> Self {
         Node {
             units: n.units.iter().map(Unit::from).collect(),
+            labels: json(&n.labels),
+            conditions: json(&n.conditions),
             id: n.id,
             org_id: n.org_id,
             region: n.region,
@@ -110,6 +118,7 @@ impl From<&inventory::Unit> for Unit {
             memory_gib: u.memory_gib,
             nvlink_domain: u.nvlink_domain.clone(),
             sellable: u.sellable,
+            labels: json(&u.labels),
             gpu: u.device_class.is_gpu(),
         }
     }
