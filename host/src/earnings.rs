@@ -17,7 +17,9 @@
 //!
 //! Only units whose device class is `gpu` (whole GPUs) are billed; other device classes
 //! (`gpu.mig`, `gpu.slot`, `nic.vf`, `disk`, `node`) are not billed yet and do not appear in
-//! earnings. The unit's device class and model are read from the node's current inventory.
+//! earnings. The unit's device class and model are frozen on the row when it is booked, so
+//! replacing a node's inventory never drops or re-labels past bookings (rows booked before
+//! these terms were stored read the node's current inventory).
 //!
 //! # Parts and rounding
 //!
@@ -25,7 +27,7 @@
 //! Each part is rounded on its own, always down:
 //!
 //! - `grossMinor` of a part = `floor(price_per_gpu_hour_minor × part_ms / 3_600_000)`;
-//! - `earnedMinor` of a part = `floor(grossMinor × providerShareBps / 10_000)`;
+//! - `earnedMinor` of a part = `floor(grossMinor × share / 10_000)`, with the row's share;
 //! - `gpuSeconds` of a part = `floor(part_ms / 1_000)`.
 //!
 //! Every figure of the earnings view (the totals and each row of `byNode`, `byModel` and
@@ -34,10 +36,9 @@
 //! `floor(price × accrued_ms / 1h)`. Because parts only grow as time passes and floors are
 //! monotone, a provider's earnings never decrease while the share stays the same.
 //!
-//! `providerShareBps` is the server's `--provider-share-bps` (basis points, default 8000 =
-//! 80 %); the remainder of the gross is the platform's. It applies to everything accrued at
-//! the time of reading, so changing it re-rates history: change it together with a
-//! settlement, since lowering it after payouts can leave `availableMinor` negative.
+//! A row's share is the server's `--provider-share-bps` when the unit was booked (basis
+//! points, default 8000 = 80 %); the remainder of the gross is the platform's. Changing the
+//! setting applies to later bookings only and never re-rates what was booked before.
 //!
 //! # Payouts
 //!
@@ -123,6 +124,8 @@ pub struct MeteredBooking {
     pub start_ms: i64,
     pub end_ms: i64,
     pub price_per_gpu_hour_minor: i64,
+    /// The provider's share, in basis points, frozen when the unit was booked.
+    pub share_bps: u32,
 }
 
 /// What a booking accrued on one UTC day, each figure rounded down on its own.
@@ -136,8 +139,8 @@ pub struct Part {
     pub gpu_seconds: i64,
 }
 
-/// The parts of `booking` accrued by `now`, at `share_bps`.
-pub fn parts(booking: &MeteredBooking, now: i64, share_bps: u32) -> Vec<Part> {
+/// The parts of `booking` accrued by `now`, at its share.
+pub fn parts(booking: &MeteredBooking, now: i64) -> Vec<Part> {
     let held_until = booking.start_ms + accrued_ms(booking.start_ms, booking.end_ms, now);
     split_by_utc_day(booking.start_ms, held_until)
         .into_iter()
@@ -147,7 +150,7 @@ pub fn parts(booking: &MeteredBooking, now: i64, share_bps: u32) -> Vec<Part> {
                 day,
                 ms,
                 gross_minor,
-                earned_minor: provider_share_minor(gross_minor, share_bps),
+                earned_minor: provider_share_minor(gross_minor, booking.share_bps),
                 gpu_seconds: ms / 1_000,
             }
         })
@@ -186,10 +189,10 @@ pub struct Summary {
 
 /// Meters `bookings` at `now`: every figure is a sum of parts (see the module docs), so
 /// each breakdown adds up to the totals exactly.
-pub fn summarize(bookings: &[MeteredBooking], now: i64, share_bps: u32) -> Summary {
+pub fn summarize(bookings: &[MeteredBooking], now: i64) -> Summary {
     let mut summary = Summary::default();
     for booking in bookings {
-        for part in parts(booking, now, share_bps) {
+        for part in parts(booking, now) {
             summary.total.add(&part);
             summary
                 .by_node
@@ -232,7 +235,8 @@ pub struct Earnings {
     pub paid_out_minor: i64,
     /// `earnedMinor - paidOutMinor`: what a payout may take now.
     pub available_minor: i64,
-    /// The provider's share in basis points (8000 = 80 %).
+    /// The provider's share, in basis points (8000 = 80 %), of what is booked from now on;
+    /// earlier bookings keep the share they were booked at.
     pub provider_share_bps: u32,
     /// GPU time accrued on the org's nodes, in whole seconds (summed per part).
     pub gpu_seconds: i64,
@@ -315,9 +319,8 @@ pub async fn get(app: &App, caller: &Principal, org_id: &str) -> Result<Earnings
     let now = app.now_ms();
     let share_bps = app.provider_share_bps;
     let summary = summarize(
-        &metered_bookings(&mut conn, org_id, now).await?,
+        &metered_bookings(&mut conn, org_id, now, share_bps).await?,
         now,
-        share_bps,
     );
     let active_rentals = active_rentals(&mut conn, org_id, now).await?;
     Ok(Earnings {
@@ -382,9 +385,8 @@ pub async fn pay_out(
     }
     let now = app.now_ms();
     let earned = summarize(
-        &metered_bookings(&mut tx, org_id, now).await?,
+        &metered_bookings(&mut tx, org_id, now, app.provider_share_bps).await?,
         now,
-        app.provider_share_bps,
     )
     .total
     .earned_minor;
@@ -447,23 +449,29 @@ async fn org_exists(conn: &mut AnyConnection, org_id: &str, lock: &str) -> Resul
 }
 
 /// The bookings of GPU units on `org_id`'s nodes that started before `now` and hold a
-/// non-empty interval.
+/// non-empty interval, on the terms they were booked on (bookings older than those terms
+/// read their unit as it is now and `current_share_bps`).
 pub async fn metered_bookings(
     conn: &mut AnyConnection,
     org_id: &str,
     now: i64,
+    current_share_bps: u32,
 ) -> Result<Vec<MeteredBooking>> {
     let rows = sqlx::query(
-        "SELECT b.node_id, u.model, b.start_ms, COALESCE(b.billable_end_ms, b.end_ms) AS end_ms, b.price_per_gpu_hour_minor
+        "SELECT b.node_id, COALESCE(b.model, u.model) AS model, b.start_ms,
+                COALESCE(b.billable_end_ms, b.end_ms) AS end_ms, b.price_per_gpu_hour_minor,
+                COALESCE(b.provider_share_bps, $4) AS share_bps
          FROM bookings b
          JOIN nodes n ON n.id = b.node_id
-         JOIN units u ON u.node_id = b.node_id AND u.id = b.unit_id
-         WHERE n.org_id = $1 AND u.device_class = $2 AND b.start_ms < $3 AND b.end_ms > b.start_ms
+         LEFT JOIN units u ON u.node_id = b.node_id AND u.id = b.unit_id
+         WHERE n.org_id = $1 AND COALESCE(b.device_class, u.device_class) = $2
+           AND b.start_ms < $3 AND b.end_ms > b.start_ms
          ORDER BY b.node_id, b.unit_id, b.start_ms",
     )
     .bind(org_id)
     .bind("gpu")
     .bind(now)
+    .bind(i64::from(current_share_bps))
     .fetch_all(conn)
     .await?;
     Ok(rows
@@ -474,6 +482,7 @@ pub async fn metered_bookings(
             start_ms: r.get("start_ms"),
             end_ms: r.get("end_ms"),
             price_per_gpu_hour_minor: r.get("price_per_gpu_hour_minor"),
+            share_bps: r.get::<i64, _>("share_bps").clamp(0, 10_000) as u32,
         })
         .collect())
 }
@@ -538,6 +547,7 @@ mod tests {
             start_ms,
             end_ms,
             price_per_gpu_hour_minor: price,
+            share_bps: 8_000,
         }
     }
 
@@ -602,7 +612,7 @@ mod tests {
         let b = booking("n1", "H100", DEC_1 - 7 * MINUTE, DEC_1 + 11 * MINUTE, 250);
         let day = DEC_1 / DAY_MS;
         assert_eq!(
-            parts(&b, DEC_1 + HOUR_MS, 8_000),
+            parts(&b, DEC_1 + HOUR_MS),
             vec![
                 Part {
                     day: day - 1,
@@ -621,7 +631,7 @@ mod tests {
             ]
         );
         // Before midnight only the first part exists, and it grows with the clock.
-        let early = parts(&b, DEC_1 - 3 * MINUTE, 8_000);
+        let early = parts(&b, DEC_1 - 3 * MINUTE);
         assert_eq!(early.len(), 1);
         assert_eq!(early[0].gross_minor, charge_minor(250, 4 * MINUTE));
     }
@@ -637,7 +647,7 @@ mod tests {
             booking("n2", "H100", DEC_1 + HOUR_MS, DEC_1 + 100 * HOUR_MS, 1_001),
             booking("n3", "H100", now + 1, now + HOUR_MS, 9_999),
         ];
-        let s = summarize(&bookings, now, 8_000);
+        let s = summarize(&bookings, now);
         // 3 × 29, then 38 (38.85) + 61 (61.05), then 5 hours × 1001.
         assert_eq!(s.total.gross_minor, 3 * 29 + 38 + 61 + 5 * 1_001);
         // 3 × 23 (23.2), 30 (30.4) + 48 (48.8), 4004.
@@ -663,17 +673,14 @@ mod tests {
 
     #[test]
     fn earnings_never_decrease_as_time_passes() {
-        let b = [booking(
-            "n1",
-            "H100",
-            DEC_1 - 13 * MINUTE,
-            DEC_1 + 2 * HOUR_MS,
-            77,
-        )];
+        let b = [MeteredBooking {
+            share_bps: 7_777,
+            ..booking("n1", "H100", DEC_1 - 13 * MINUTE, DEC_1 + 2 * HOUR_MS, 77)
+        }];
         let mut last = Amounts::default();
         for step in 0..200 {
             let now = DEC_1 - 13 * MINUTE + step * 47_311;
-            let total = summarize(&b, now, 7_777).total;
+            let total = summarize(&b, now).total;
             assert!(total.gross_minor >= last.gross_minor);
             assert!(total.earned_minor >= last.earned_minor);
             last = total;

@@ -18,6 +18,7 @@ async fn bootstrap_uses_the_admin_key_from_the_environment(db: Db) {
         Options {
             admin_key: Some(key.clone()),
             demo: false,
+            ..Options::default()
         },
     )
     .await;
@@ -40,6 +41,7 @@ async fn bootstrap_without_a_key_generates_one_printed_once_and_saved_0600(db: D
         Options {
             admin_key: None,
             demo: false,
+            ..Options::default()
         },
     )
     .await;
@@ -59,6 +61,7 @@ async fn bootstrap_without_a_key_generates_one_printed_once_and_saved_0600(db: D
         .restart_with(Options {
             admin_key: None,
             demo: false,
+            ..Options::default()
         })
         .await;
     assert_eq!(
@@ -81,6 +84,7 @@ async fn restart_on_a_non_empty_database_changes_nothing(db: Db) {
         .restart_with(Options {
             admin_key: Some(other.clone()),
             demo: false,
+            ..Options::default()
         })
         .await;
     let (status, _) = server.as_key(&other).get("/v1/orgs/ops").await;

@@ -6,7 +6,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Server, T0, assert_error, audit_count, h100_inventory, on_both_databases,
+    Api, Db, Options, Server, T0, assert_error, audit_count, h100_inventory, on_both_databases,
     register_node,
 };
 
@@ -134,6 +134,7 @@ on_both_databases!(
     only_platform_operators_record_payouts,
     earnings_are_shown_to_the_org_with_provider_read_and_to_ops_only,
     the_cli_shows_the_earnings_of_the_keys_own_org,
+    a_booking_keeps_the_share_and_unit_model_it_was_booked_on,
 );
 
 async fn a_booking_accrues_per_gpu_rounded_down_to_the_minor_unit_as_the_clock_moves(db: Db) {
@@ -597,4 +598,41 @@ async fn the_cli_shows_the_earnings_of_the_keys_own_org(db: Db) {
     ] {
         assert!(table.contains(expected), "{expected} in\n{table}");
     }
+}
+
+async fn a_booking_keeps_the_share_and_unit_model_it_was_booked_on(db: Db) {
+    let mut w = world(db, false).await;
+    w.book("before", 1, None, "1h").await;
+    w.server
+        .restart_with(Options {
+            admin_key: Some(w.server.admin.clone()),
+            args: vec!["--provider-share-bps".into(), "5000".into()],
+            ..Options::default()
+        })
+        .await;
+    w.provider = w.provider.on(&w.server);
+    w.tenant = w.tenant.on(&w.server);
+    w.book("after", 1, None, "1h").await;
+    // The node's inventory is replaced: its GPUs now report another model.
+    let mut inventory = h100_inventory("n1", 8);
+    for unit in inventory["units"].as_array_mut().unwrap() {
+        unit["model"] = json!("H200-SXM5-141GB");
+    }
+    let (status, body) = w
+        .provider
+        .put("/v1/orgs/acme/provider/nodes/n1", inventory)
+        .await;
+    assert!(status.is_success(), "{body}");
+    w.server.set_clock(T0 + HOUR).await;
+
+    let earnings = w.earnings().await;
+
+    // One GPU-hour at 250 each: earned 200 at the 8000 bps it was booked at, 125 at 5000.
+    assert_eq!(amounts(&earnings), (500, 200 + 125, 2 * 3_600));
+    assert_eq!(earnings["providerShareBps"], 5_000, "what new bookings get");
+    assert_eq!(
+        earnings["byModel"],
+        json!([{ "model": "H100-SXM5-80GB", "grossMinor": 500, "earnedMinor": 325, "gpuSeconds": 7_200 }]),
+        "bookings keep the model their unit had when booked"
+    );
 }

@@ -103,6 +103,8 @@ impl Drop for Database {
 pub struct Options {
     pub admin_key: Option<String>,
     pub demo: bool,
+    /// More arguments for `orl serve`.
+    pub args: Vec<String>,
 }
 
 impl Default for Options {
@@ -110,6 +112,7 @@ impl Default for Options {
         Options {
             admin_key: Some(random_key()),
             demo: false,
+            args: Vec::new(),
         }
     }
 }
@@ -274,6 +277,7 @@ async fn spawn(data_dir: &Path, db: &Database, options: &Options) -> (Child, Str
     if options.demo {
         command.arg("--demo");
     }
+    command.args(&options.args);
     let mut child = command.spawn().expect("spawning orl");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut banner = String::new();
@@ -302,6 +306,18 @@ pub struct Api {
     http: reqwest::Client,
     base: String,
     key: Option<String>,
+}
+
+impl Api {
+    /// The same caller against `server` as it is now (a restarted server listens on a new
+    /// port).
+    pub fn on(&self, server: &Server) -> Api {
+        Api {
+            http: self.http.clone(),
+            base: server.url.clone(),
+            key: self.key.clone(),
+        }
+    }
 }
 
 impl Api {

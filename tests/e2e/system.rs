@@ -93,6 +93,7 @@ async fn demo_seeds_four_h100_nodes_and_prints_working_keys(db: Db) {
         .restart_with(Options {
             demo: true,
             admin_key: Some(server.admin.clone()),
+            ..Options::default()
         })
         .await;
     assert_eq!(

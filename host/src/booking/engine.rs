@@ -150,7 +150,8 @@ async fn place_now(
         .map(|u| node.units[offer.index[*u as usize].1].id.clone())
         .collect();
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    match store::insert_bookings(&mut savepoint, r, &node.id, &units).await {
+    match store::insert_bookings(&mut savepoint, r, &node.id, &units, app.provider_share_bps).await
+    {
         Ok(()) => savepoint.commit().await?,
         Err(err) if violates(&err, "bookings_no_overlap") => {
             savepoint.rollback().await?;

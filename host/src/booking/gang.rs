@@ -211,7 +211,7 @@ pub(super) async fn place(
             }
         }
         if members.len() == size {
-            return book(conn, r, members, decided.join(", "), now).await;
+            return book(app, conn, r, members, decided.join(", "), now).await;
         }
         if reason.is_none() {
             reason = Some(format!(
@@ -229,6 +229,7 @@ pub(super) async fn place(
 /// Writes every member's bookings in one savepoint and marks `r` placed; a concurrent
 /// booking of any chosen unit undoes them all.
 async fn book(
+    app: &App,
     conn: &mut AnyConnection,
     r: &mut Reservation,
     mut members: Vec<Member>,
@@ -237,7 +238,15 @@ async fn book(
 ) -> Result<std::result::Result<(), String>> {
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
     for member in &members {
-        match store::insert_bookings(&mut savepoint, r, &member.node_id, &member.unit_ids).await {
+        match store::insert_bookings(
+            &mut savepoint,
+            r,
+            &member.node_id,
+            &member.unit_ids,
+            app.provider_share_bps,
+        )
+        .await
+        {
             Ok(()) => {}
             Err(err) if violates(&err, "bookings_no_overlap") => {
                 savepoint.rollback().await?;

@@ -430,13 +430,15 @@ pub async fn update(conn: &mut AnyConnection, r: &Reservation, expected: State) 
 }
 
 /// Books `units` of `node_id` and its host resources for the reservation over its window.
-/// Each unit's booking carries the price per GPU-hour of the tenant's offer for the pool
-/// as it is now (0 without a price), which metering charges for as long as it holds.
+/// Each unit's booking carries the terms metering needs, frozen as they are now: the price
+/// per GPU-hour of the tenant's offer for the pool (0 without a price), the unit's model and
+/// device class, and the provider's share.
 pub async fn insert_bookings(
     conn: &mut AnyConnection,
     r: &Reservation,
     node_id: &str,
     units: &[String],
+    provider_share_bps: u32,
 ) -> sqlx::Result<()> {
     let price: Option<Option<i64>> = sqlx::query_scalar(
         "SELECT price_per_gpu_hour_minor FROM offers WHERE pool_id = $1 AND tenant_id = $2",
@@ -448,8 +450,11 @@ pub async fn insert_bookings(
     let price = price.flatten().unwrap_or(0);
     for unit in units {
         sqlx::query(
-            "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active, price_per_gpu_hour_minor)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active,
+                                   price_per_gpu_hour_minor, model, device_class, provider_share_bps)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+                     (SELECT model FROM units WHERE node_id = $2 AND id = $3),
+                     (SELECT device_class FROM units WHERE node_id = $2 AND id = $3), $9)",
         )
         .bind(&r.id)
         .bind(node_id)
@@ -459,6 +464,7 @@ pub async fn insert_bookings(
         .bind(r.spot)
         .bind(true)
         .bind(price)
+        .bind(i64::from(provider_share_bps))
         .execute(&mut *conn)
         .await?;
     }
