@@ -80,6 +80,9 @@ pub struct Reclaim<'a> {
     pub node_id: &'a str,
     /// The caller's stated reason.
     pub reason: Option<&'a str>,
+    /// How each workload is locked while it ends (the store's `FOR UPDATE` clause), so a
+    /// concurrent release cannot end it twice.
+    pub lock: &'a str,
 }
 
 /// Ends each of `ids` (spot workloads) as `released` with reason `capacity-reclaim`: its
@@ -93,7 +96,7 @@ pub async fn terminate_for_capacity(
 ) -> Result<Vec<String>> {
     let mut terminated = Vec::new();
     for id in ids {
-        let Some(mut r) = crate::booking::store::find(conn, id, "").await? else {
+        let Some(mut r) = crate::booking::store::find(conn, id, by.lock).await? else {
             continue;
         };
         if r.state.is_terminal() || !r.spot {
@@ -186,6 +189,7 @@ pub async fn provider_reclaim(
         owner_org_id: &node.org_id,
         node_id,
         reason: body.reason.as_deref(),
+        lock: app.store.for_update(),
     };
     let terminated = terminate_for_capacity(&mut tx, &workloads.spot, &by, now).await?;
     tx.commit().await?;

@@ -486,6 +486,7 @@ pub async fn reclaim(
         owner_org_id: &node.org_id,
         node_id,
         reason: body.reason.as_deref(),
+        lock: app.store.for_update(),
     };
     let terminated = spot::terminate_for_capacity(&mut tx, &workloads.spot, &by, now).await?;
     let details = json!({
