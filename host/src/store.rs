@@ -135,6 +135,12 @@ impl Tx {
     pub async fn commit(self) -> sqlx::Result<()> {
         self.tx.commit().await
     }
+
+    /// Rolls back now, releasing the transaction's row locks before anything else runs
+    /// (a dropped transaction rolls back only when its connection is next used).
+    pub async fn rollback(self) -> sqlx::Result<()> {
+        self.tx.rollback().await
+    }
 }
 
 impl Deref for Tx {

@@ -209,7 +209,7 @@ async fn decide_and_place(
                 }
                 Err(err) if crate::store::is_unique_violation(&err) => {
                     // A concurrent create with the same key won: answer as a replay.
-                    drop(tx);
+                    tx.rollback().await?;
                     return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
                 }
                 Err(err) => return Err(err.into()),
@@ -466,7 +466,7 @@ async fn charge_and_place(
     if let Some(resource) =
         store::apply_charge(&mut tx, &r.pool_id, &r.tenant_id, &charge, 1, Some(&limits)).await?
     {
-        drop(tx);
+        tx.rollback().await?;
         let mut conn = app.store.pool().acquire().await?;
         let used = crate::pools::store::quota_used(&mut conn, &r.pool_id, &r.tenant_id).await?;
         return Err(Error::QuotaExceeded {

@@ -125,6 +125,16 @@ pub async fn create(
     }
 
     let mut tx = app.store.begin().await?;
+    // Creates on one node take turns: two transactions inserting conflicting claims at once
+    // could otherwise each wait for the other inside the exclusion constraint (a deadlock
+    // PostgreSQL resolves by failing one of them).
+    sqlx::query(&format!(
+        "SELECT id FROM nodes WHERE id = $1{}",
+        app.store.for_update()
+    ))
+    .bind(node_id)
+    .fetch_optional(&mut **tx)
+    .await?;
     let node = nodes::find(&mut tx, node_id)
         .await?
         .ok_or_else(|| Error::not_found(format_args!("node {node_id}")))?;
@@ -155,7 +165,7 @@ pub async fn create(
         Ok(()) => {}
         Err(err) if violates(&err, NO_OVERLAP) => {
             // Lost a race with a concurrent create: report what won.
-            drop(tx);
+            tx.rollback().await?;
             let mut conn = app.store.pool().acquire().await?;
             return Err(overlap_error(
                 overlapping(&mut conn, node_id, &new.unit_ids, term).await?,
