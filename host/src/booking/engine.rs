@@ -93,17 +93,31 @@ pub(super) async fn try_place(
         );
         return Ok(false);
     }
-    let reason = match place_now(app, conn, pool, r, now).await? {
+    let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
+    let reason = match place_now(app, conn, pool, r, &snapshot, now).await? {
         Ok(()) => return Ok(true),
         Err(reason) => reason,
     };
     if !r.spot {
         let mut attempt = sqlx::Connection::begin(&mut *conn).await?;
-        if preempt::make_room(app, &mut attempt, pool, r, now).await?
-            && place_now(app, &mut attempt, pool, r, now).await?.is_ok()
-        {
-            attempt.commit().await?;
-            return Ok(true);
+        if preempt::make_room(app, &mut attempt, pool, r, &snapshot, now).await? {
+            // The terminations changed what is free: place on a fresh snapshot.
+            let freed = Snapshot::load(
+                &mut attempt,
+                &pool.node_ids,
+                &r.id,
+                r.start_ms,
+                r.end_ms,
+                now,
+            )
+            .await?;
+            if place_now(app, &mut attempt, pool, r, &freed, now)
+                .await?
+                .is_ok()
+            {
+                attempt.commit().await?;
+                return Ok(true);
+            }
         }
         attempt.rollback().await?;
     }
@@ -111,20 +125,20 @@ pub(super) async fn try_place(
     Ok(false)
 }
 
-/// Asks the pool's placer for units on the current snapshot and books them: `Ok(())` when
-/// `r` is placed, `Err(reason)` when it does not fit (nothing written). A gang is placed
-/// member by member, all or none ([`super::gang`]).
+/// Asks the pool's placer for units on `snapshot` (the pool as it is now) and books them:
+/// `Ok(())` when `r` is placed, `Err(reason)` when it does not fit (nothing written). A
+/// gang is placed member by member, all or none ([`super::gang`]).
 async fn place_now(
     app: &App,
     conn: &mut AnyConnection,
     pool: &Pool,
     r: &mut Reservation,
+    snapshot: &Snapshot,
     now: i64,
 ) -> Result<std::result::Result<(), String>> {
     if r.request.gang.is_some() {
-        return super::gang::place(app, conn, pool, r, now).await;
+        return super::gang::place(app, conn, pool, r, snapshot, now).await;
     }
-    let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
     let offer = snapshot.candidates(r, false);
     let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
     // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.

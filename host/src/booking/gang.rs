@@ -117,13 +117,14 @@ pub fn restrict(
     (out, index)
 }
 
-/// Places the gang `r` asks for on the pool's current snapshot and books every member:
+/// Places the gang `r` asks for on `snapshot` (the pool as it is now) and books every member:
 /// `Ok(())` when it is placed, `Err(reason)` when it does not fit (nothing written).
 pub(super) async fn place(
     app: &App,
     conn: &mut AnyConnection,
     pool: &Pool,
     r: &mut Reservation,
+    snapshot: &Snapshot,
     now: i64,
 ) -> Result<std::result::Result<(), String>> {
     let Some(gang) = r.request.gang.clone() else {
@@ -131,7 +132,6 @@ pub(super) async fn place(
     };
     let size = gang.size.max(1) as usize;
     let key = gang.topology_key.as_deref().and_then(TopologyKey::parse);
-    let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
     let offer = snapshot.candidates(r, false);
     let mut free = vec![0u32; snapshot.nodes.len()];
     for node in &offer.candidates.nodes {

@@ -23,16 +23,17 @@ use crate::{App, Error, Result};
 /// The reason a preempted reservation records.
 pub const PREEMPTED: &str = "preempted";
 
-/// Terminates the spot work the pool's preemptor chooses so that `r` can fit. Answers
+/// Terminates the spot work the pool's preemptor chooses, on `snapshot` (the one the failed
+/// placement saw), so that `r` can fit. Answers
 /// whether anything was terminated; `false` when no spot work could help.
 pub(super) async fn make_room(
     app: &App,
     conn: &mut AnyConnection,
     pool: &Pool,
     r: &Reservation,
+    snapshot: &Snapshot,
     now: i64,
 ) -> Result<bool> {
-    let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
     let offer = snapshot.candidates(r, true);
     if offer.spot.is_empty() {
         return Ok(false);
