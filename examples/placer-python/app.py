@@ -21,7 +21,8 @@ def nodes_of(candidates: types.Candidates) -> list[SimpleNamespace]:
         domain = units.nvlink_domain[i]
         return SimpleNamespace(
             id=i,
-            class_=units.class_[i],
+            # `units.class` carries each class as the position of its case in the enum.
+            class_=types.DeviceClass(units.class_[i]),
             model=units.model[i],
             nvlink_domain=None if domain == NO_DOMAIN else domain,
             memory_gib=units.memory_gib[i],

@@ -31,12 +31,9 @@ pub fn snapshot(count: usize, rng: &mut StdRng) -> Candidates {
     let mut candidates = Candidates::default();
     for id in 0..count as u32 {
         let busy: Vec<bool> = (0..8).map(|_| rng.random_bool(0.3)).collect();
-        let first = candidates.units.len() as u32;
         let free: Vec<CandidateUnit> = (0..8u32)
             .filter(|g| !busy[*g as usize])
-            .enumerate()
-            .map(|(i, g)| CandidateUnit {
-                id: first + i as u32,
+            .map(|g| CandidateUnit {
                 class: PolicyClass::Gpu,
                 model: 0,
                 nvlink_domain: Some(g / 4),

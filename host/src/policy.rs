@@ -29,6 +29,8 @@ use wasmtime::{
 };
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
+use bindings::placer::orl::policy::types as wit;
+
 /// Default time a decision may take.
 pub const DEFAULT_DEADLINE_MS: u64 = 50;
 /// Default cap on all linear memory of one plugin instance.
@@ -188,7 +190,9 @@ pub struct PolicyHost {
     linker: Linker<PluginState>,
     loaded: Mutex<HashMap<String, Arc<Loaded>>>,
     idle: Mutex<HashMap<WarmKey, Vec<Warm>>>,
-    cache_dir: PathBuf,
+    /// Where precompiled components are kept; `None` when profiling, because `perf` names
+    /// guest functions only in code compiled in memory.
+    cache_dir: Option<PathBuf>,
     config_root: PathBuf,
     defaults: std::sync::OnceLock<HashMap<World, Arc<Loaded>>>,
 }
@@ -212,7 +216,8 @@ impl PolicyHost {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
-        if std::env::var_os("ORL_WASM_PERFMAP").is_some() {
+        let profiling = std::env::var_os("ORL_WASM_PERFMAP").is_some();
+        if profiling {
             // Lets `perf` name plugin functions (/tmp/perf-<pid>.map).
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
@@ -255,7 +260,7 @@ impl PolicyHost {
             linker,
             loaded: Mutex::new(HashMap::new()),
             idle: Mutex::new(HashMap::new()),
-            cache_dir,
+            cache_dir: (!profiling).then_some(cache_dir),
             config_root,
             defaults: std::sync::OnceLock::new(),
         };
@@ -327,9 +332,10 @@ impl PolicyHost {
     /// Compiles once per content hash: a precompiled artifact on disk is reused across
     /// restarts; otherwise Cranelift compiles and the artifact is saved.
     fn compile(&self, id: &str, bytes: &[u8]) -> anyhow::Result<Component> {
-        let path = self
-            .cache_dir
-            .join(format!("{}.cwasm", id.trim_start_matches("sha256:")));
+        let Some(cache_dir) = &self.cache_dir else {
+            return Ok(Component::new(&self.engine, bytes)?);
+        };
+        let path = cache_dir.join(format!("{}.cwasm", id.trim_start_matches("sha256:")));
         if path.exists() {
             match deserialize(&self.engine, &path) {
                 Ok(component) => return Ok(component),
@@ -489,9 +495,18 @@ impl PolicyHost {
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<orl_placer_default::Placement, String>, Failure> {
-        let (req, candidates) = placer::to_wit(request, candidates);
+        let req = placer::request_to_wit(request);
+        let candidates = placer::CandidatesRef::of(candidates);
         let answer = self.run(loaded, config, deadline_ms, |store, bound| match bound {
-            Bound::Placer(placer) => placer.call_place(store, &req, &candidates),
+            Bound::Placer(placer) => {
+                let place = placer.func_place().func().typed::<(
+                    &wit::Request,
+                    &placer::CandidatesRef<'_>,
+                ), (Result<wit::Placement, String>,)>(
+                    &*store
+                )?;
+                Ok(place.call(store, (&req, &candidates))?.0)
+            }
             _ => Err(wasmtime::Error::msg("the plugin is not a placer")),
         })?;
         Ok(answer.map(|p| orl_placer_default::Placement {
@@ -511,11 +526,19 @@ impl PolicyHost {
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<Vec<u32>, String>, Failure> {
-        let (req, candidates) = placer::to_wit(request, candidates);
+        let req = placer::request_to_wit(request);
+        let candidates = placer::CandidatesRef::of(candidates);
         let spot: Vec<_> = spot.iter().map(placer::spot_to_wit).collect();
         self.run(loaded, config, deadline_ms, |store, bound| match bound {
             Bound::Preemptor(preemptor) => {
-                preemptor.call_choose_victims(store, &req, &candidates, &spot)
+                let choose = preemptor.func_choose_victims().func().typed::<(
+                    &wit::Request,
+                    &placer::CandidatesRef<'_>,
+                    &[wit::SpotBooking],
+                ), (Result<Vec<u32>, String>,)>(
+                    &*store
+                )?;
+                Ok(choose.call(store, (&req, &candidates, &spot))?.0)
             }
             _ => Err(wasmtime::Error::msg("the plugin is not a preemptor")),
         })
@@ -530,7 +553,6 @@ impl PolicyHost {
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<(), String>, Failure> {
-        use bindings::placer::orl::policy::types as wit;
         self.run(loaded, config, deadline_ms, |store, bound| {
             let Bound::SpendGuard(guard) = bound else {
                 return Err(wasmtime::Error::msg("the plugin is not a spend-guard"));

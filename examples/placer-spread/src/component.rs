@@ -28,14 +28,16 @@ impl Guest for SpreadPlacer {
         };
         let wit::Candidates { nodes, units, .. } = candidates;
         let units: Vec<crate::Unit> = (0..units.class.len())
-            .map(|i| crate::Unit {
-                id: i as u32,
-                class: class(units.class[i]),
-                model: units.model[i],
-                nvlink_domain: Some(units.nvlink_domain[i]).filter(|d| *d != u32::MAX),
-                memory_gib: units.memory_gib[i],
+            .map(|i| {
+                Ok(crate::Unit {
+                    id: i as u32,
+                    class: class_of(units.class[i])?,
+                    model: units.model[i],
+                    nvlink_domain: Some(units.nvlink_domain[i]).filter(|d| *d != u32::MAX),
+                    memory_gib: units.memory_gib[i],
+                })
             })
-            .collect();
+            .collect::<Result<_, String>>()?;
         let nodes: Vec<crate::Node> = (0..nodes.id.len())
             .map(|j| {
                 let start = nodes.free_start[j] as usize;
@@ -68,4 +70,13 @@ fn class(class: wit::DeviceClass) -> crate::DeviceClass {
         wit::DeviceClass::Disk => crate::DeviceClass::Disk,
         wit::DeviceClass::Node => crate::DeviceClass::Node,
     }
+}
+
+/// The class of a `units.class` code: the position of its case in the WIT enum.
+fn class_of(code: u8) -> Result<crate::DeviceClass, String> {
+    use wit::DeviceClass::*;
+    [Gpu, GpuMig, GpuSlot, NicVf, Disk, Node]
+        .get(usize::from(code))
+        .map(|c| class(*c))
+        .ok_or_else(|| format!("unknown device class code {code}"))
 }

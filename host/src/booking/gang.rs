@@ -91,28 +91,18 @@ pub fn restrict(
 ) -> (Candidates, Vec<(usize, usize)>) {
     let mut out = Candidates::default();
     let mut index = Vec::new();
-    for node in offer.candidates.nodes.iter().filter(|n| keep(n.id)) {
-        let view = offer.candidates.view(node);
-        let first = index.len() as u32;
-        let units: Vec<_> = view
+    let from = &offer.candidates;
+    for node in from.nodes.iter().filter(|n| keep(n.id)) {
+        let units: Vec<_> = node
             .free
-            .iter()
-            .enumerate()
-            .map(|(i, u)| {
-                index.push(offer.index[u.id as usize]);
-                super::placement::CandidateUnit {
-                    id: first + i as u32,
-                    ..u.clone()
-                }
+            .ids()
+            .map(|id| {
+                index.push(offer.index[id as usize]);
+                from.units.get(id).expect("the snapshot's own units")
             })
             .collect();
-        out.push_node(
-            node.id,
-            node.busy_units,
-            node.total_units,
-            view.domains.iter().cloned(),
-            units,
-        );
+        let domains = node.domains.range().filter_map(|i| from.domains.get(i));
+        out.push_node(node.id, node.busy_units, node.total_units, domains, units);
     }
     (out, index)
 }
@@ -134,7 +124,7 @@ pub(super) async fn place(
     let key = gang.topology_key.as_deref().and_then(TopologyKey::parse);
     let offer = snapshot.candidates(r, false);
     let mut free = vec![0u32; snapshot.nodes.len()];
-    for node in &offer.candidates.nodes {
+    for node in offer.candidates.nodes.iter() {
         free[node.id as usize] = node.free.len;
     }
     let described: Vec<(Option<&str>, u32)> = snapshot
@@ -271,9 +261,8 @@ mod tests {
         CandidateUnit, DeviceAsk, DomainLoad, PlacementRequest, PolicyClass,
     };
 
-    fn unit(id: u32, domain: u32) -> CandidateUnit {
+    fn unit(domain: u32) -> CandidateUnit {
         CandidateUnit {
-            id,
             class: PolicyClass::Gpu,
             model: 0,
             nvlink_domain: Some(domain),
@@ -285,13 +274,11 @@ mod tests {
     fn offer() -> Candidacy {
         let mut candidates = Candidates::default();
         let mut index = Vec::new();
-        let mut next = 0;
         for (node, free) in [(0u32, 2u32), (1, 1), (2, 3)] {
             let units: Vec<CandidateUnit> = (0..free)
                 .map(|u| {
                     index.push((node as usize, u as usize));
-                    next += 1;
-                    unit(next - 1, node)
+                    unit(node)
                 })
                 .collect();
             let load = DomainLoad {
@@ -329,18 +316,17 @@ mod tests {
             [0, 2]
         );
         assert_eq!(candidates.units.len(), 5);
-        assert!(
-            candidates
-                .units
-                .iter()
-                .enumerate()
-                .all(|(i, u)| u.id == i as u32)
-        );
         assert_eq!(index, [(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]);
-        let last = candidates.view(&candidates.nodes[1]);
-        assert_eq!(last.free.len(), 3);
-        assert_eq!(last.domains[0].domain, 2);
-        assert_eq!(last.domains[0].busy, 5);
+        let last = candidates.nodes.get(1).unwrap();
+        assert_eq!(last.free.ids(), 2..5);
+        assert_eq!(
+            candidates.domains.get(last.domains.start as usize),
+            Some(DomainLoad {
+                domain: 2,
+                busy: 5,
+                total: 8
+            })
+        );
     }
 
     #[test]

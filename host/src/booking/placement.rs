@@ -83,27 +83,21 @@ pub fn check_choice(
     choice: &Choice,
 ) -> std::result::Result<(), String> {
     let node = candidates
-        .nodes
-        .iter()
-        .find(|n| n.id == choice.node)
+        .find(choice.node)
         .ok_or_else(|| format!("node {} was not offered", choice.node))?;
-    let offered: HashMap<u32, &CandidateUnit> = candidates
-        .view(node)
-        .free
-        .iter()
-        .map(|u| (u.id, u))
-        .collect();
+    let offered = node.free_ids();
     let mut seen = HashSet::new();
-    let mut chosen = Vec::new();
-    for id in &choice.units {
-        if !seen.insert(*id) {
+    let mut chosen: Vec<(u32, CandidateUnit)> = Vec::new();
+    for &id in &choice.units {
+        if !seen.insert(id) {
             return Err(format!("unit {id} chosen twice"));
         }
-        chosen.push(
-            *offered
-                .get(id)
-                .ok_or_else(|| format!("unit {id} was not offered on node {}", choice.node))?,
-        );
+        let unit = offered
+            .contains(&id)
+            .then(|| candidates.units.get(id))
+            .flatten()
+            .ok_or_else(|| format!("unit {id} was not offered on node {}", choice.node))?;
+        chosen.push((id, unit));
     }
     let wanted: u32 = request.devices.iter().map(|d| d.count).sum();
     if chosen.len() != wanted as usize {
@@ -114,16 +108,16 @@ pub fn check_choice(
     let mut asks: Vec<&DeviceAsk> = request.devices.iter().collect();
     asks.sort_by_key(|a| (!a.nvlink_all, a.model.is_none()));
     for ask in asks {
-        let matching: Vec<&CandidateUnit> = remaining
+        let matching: Vec<u32> = remaining
             .iter()
-            .copied()
-            .filter(|u| u.class == ask.class && ask.model.is_none_or(|m| m == u.model))
+            .filter(|(_, u)| ask.accepts(u))
+            .map(|(id, _)| *id)
             .collect();
-        let pick: Vec<&CandidateUnit> = if ask.nvlink_all {
-            let mut by_domain: BTreeMap<u32, Vec<&CandidateUnit>> = BTreeMap::new();
-            for u in matching {
-                if let Some(d) = u.nvlink_domain {
-                    by_domain.entry(d).or_default().push(u);
+        let pick: Vec<u32> = if ask.nvlink_all {
+            let mut by_domain: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+            for id in matching {
+                if let Some(d) = candidates.units.get(id).and_then(|u| u.nvlink_domain) {
+                    by_domain.entry(d).or_default().push(id);
                 }
             }
             by_domain
@@ -144,8 +138,7 @@ pub fn check_choice(
         if pick.len() < ask.count as usize {
             return Err(format!("too few {} units chosen", ask.class));
         }
-        let picked: HashSet<u32> = pick.iter().map(|u| u.id).collect();
-        remaining.retain(|u| !picked.contains(&u.id));
+        remaining.retain(|(id, _)| !pick.contains(id));
     }
     Ok(())
 }
@@ -403,7 +396,6 @@ impl Snapshot {
                     continue;
                 }
                 let candidate = CandidateUnit {
-                    id: 0,
                     class: policy_class(unit.device_class),
                     model: intern(&unit.model, &mut models),
                     nvlink_domain: domain,
@@ -411,10 +403,7 @@ impl Snapshot {
                 };
                 match holds {
                     [] => {
-                        out.candidates.units.push(CandidateUnit {
-                            id: out.index.len() as u32,
-                            ..candidate
-                        });
+                        out.candidates.units.push(candidate);
                         out.index.push((n, u));
                     }
                     [hold] if preempting && hold.spot => {
@@ -434,7 +423,7 @@ impl Snapshot {
                 continue;
             }
             let node_id = n as u32;
-            let domains = Candidates::extend(&mut out.candidates.domains, loads.into_values());
+            let domains = out.candidates.push_domains(loads.into_values());
             out.candidates.nodes.push(orl_placer_default::Node {
                 id: node_id,
                 busy_units,
@@ -446,15 +435,7 @@ impl Snapshot {
                 },
             });
             for (reservation_id, (start_ms, units, positions)) in giving_way {
-                let first = out.index.len() as u32;
-                let units = units
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, unit)| CandidateUnit {
-                        id: first + i as u32,
-                        ..unit
-                    });
-                let span = Candidates::extend(&mut out.candidates.units, units);
+                let span = out.candidates.push_units(units);
                 out.index.extend(positions.into_iter().map(|u| (n, u)));
                 out.spot.push(SpotCandidate {
                     id: out.spot.len() as u32,
@@ -499,9 +480,9 @@ fn has_room(
 mod tests {
     use super::*;
 
-    fn unit(id: u32, domain: u32) -> CandidateUnit {
+    /// A GPU in `domain`; its id is its position among the units of the test.
+    fn unit(domain: u32) -> CandidateUnit {
         CandidateUnit {
-            id,
             class: PolicyClass::Gpu,
             model: 0,
             nvlink_domain: Some(domain),
@@ -607,8 +588,8 @@ mod tests {
     #[test]
     fn the_native_default_keeps_nvlink_all_in_one_domain() {
         let nodes = candidates(vec![
-            vec![unit(0, 0), unit(1, 1), unit(2, 1)],
-            vec![unit(3, 0), unit(4, 0)],
+            vec![unit(0), unit(1), unit(1)],
+            vec![unit(0), unit(0)],
         ]);
         let (choice, _) = NativeDefault.place(&ask(2, true), &nodes).unwrap();
         assert!(check_choice(&ask(2, true), &nodes, &choice).is_ok());
@@ -620,7 +601,7 @@ mod tests {
 
     #[test]
     fn answers_with_unknown_duplicate_or_wrong_units_are_refused() {
-        let nodes = candidates(vec![vec![unit(0, 0), unit(1, 0), unit(2, 1)]]);
+        let nodes = candidates(vec![vec![unit(0), unit(0), unit(1)]]);
         let req = ask(2, true);
         assert!(
             check_choice(

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use serde_json::Value;
+use wasmtime::component::{ComponentType, Lower};
 
 use super::bindings::placer::orl::policy::types as wit;
 use super::{Failure, FailureKind, Loaded, PolicyHost};
@@ -97,6 +98,25 @@ fn class(class: PolicyClass) -> wit::DeviceClass {
     }
 }
 
+/// The request of one call, as the component takes it.
+pub(super) fn request_to_wit(request: &PlacementRequest) -> wit::Request {
+    wit::Request {
+        devices: request
+            .devices
+            .iter()
+            .map(|d| wit::DeviceRequest {
+                class: class(d.class),
+                count: d.count,
+                model: d.model,
+                nvlink_all: d.nvlink_all,
+            })
+            .collect(),
+        spot: request.spot,
+        duration_seconds: request.duration_seconds,
+        models: request.models.clone(),
+    }
+}
+
 /// A spot booking that could give way, as the preemptor takes it.
 pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wit::SpotBooking {
     wit::SpotBooking {
@@ -111,57 +131,81 @@ pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wi
     }
 }
 
-/// `units.nvlink-domain` of a unit in no NVLink domain.
-const NO_DOMAIN: u32 = u32::MAX;
+/// The WIT `candidates` record borrowed from the columns of [`Candidates`]: a call lowers
+/// each column into the plugin's memory as one copy, with no conversion on the host.
+#[derive(ComponentType, Lower)]
+#[component(record)]
+pub(super) struct CandidatesRef<'a> {
+    nodes: NodesRef<'a>,
+    units: UnitsRef<'a>,
+    domains: DomainsRef<'a>,
+}
 
-/// The records of one call, as the component takes them: columns of numbers, whatever the
-/// number of candidates. Unit ids are their positions, as the snapshot already numbers them.
-pub(super) fn to_wit(
-    request: &PlacementRequest,
-    candidates: &Candidates,
-) -> (wit::Request, wit::Candidates) {
-    let request = wit::Request {
-        devices: request
-            .devices
-            .iter()
-            .map(|d| wit::DeviceRequest {
-                class: class(d.class),
-                count: d.count,
-                model: d.model,
-                nvlink_all: d.nvlink_all,
-            })
-            .collect(),
-        spot: request.spot,
-        duration_seconds: request.duration_seconds,
-        models: request.models.clone(),
-    };
-    let nodes = &candidates.nodes;
-    let units = &candidates.units;
-    let domains = &candidates.domains;
-    let candidates = wit::Candidates {
-        nodes: wit::Nodes {
-            id: nodes.iter().map(|n| n.id).collect(),
-            busy_units: nodes.iter().map(|n| n.busy_units).collect(),
-            total_units: nodes.iter().map(|n| n.total_units).collect(),
-            domains_start: nodes.iter().map(|n| n.domains.start).collect(),
-            domains_len: nodes.iter().map(|n| n.domains.len).collect(),
-            free_start: nodes.iter().map(|n| n.free.start).collect(),
-            free_len: nodes.iter().map(|n| n.free.len).collect(),
-        },
-        units: wit::Units {
-            class: units.iter().map(|u| class(u.class)).collect(),
-            model: units.iter().map(|u| u.model).collect(),
-            nvlink_domain: units
-                .iter()
-                .map(|u| u.nvlink_domain.unwrap_or(NO_DOMAIN))
-                .collect(),
-            memory_gib: units.iter().map(|u| u.memory_gib).collect(),
-        },
-        domains: wit::Domains {
-            domain: domains.iter().map(|d| d.domain).collect(),
-            busy: domains.iter().map(|d| d.busy).collect(),
-            total: domains.iter().map(|d| d.total).collect(),
-        },
-    };
-    (request, candidates)
+#[derive(ComponentType, Lower)]
+#[component(record)]
+pub(super) struct NodesRef<'a> {
+    id: &'a [u32],
+    #[component(name = "busy-units")]
+    busy_units: &'a [u32],
+    #[component(name = "total-units")]
+    total_units: &'a [u32],
+    #[component(name = "domains-start")]
+    domains_start: &'a [u32],
+    #[component(name = "domains-len")]
+    domains_len: &'a [u32],
+    #[component(name = "free-start")]
+    free_start: &'a [u32],
+    #[component(name = "free-len")]
+    free_len: &'a [u32],
+}
+
+#[derive(ComponentType, Lower)]
+#[component(record)]
+pub(super) struct UnitsRef<'a> {
+    class: &'a [u8],
+    model: &'a [u32],
+    #[component(name = "nvlink-domain")]
+    nvlink_domain: &'a [u32],
+    #[component(name = "memory-gib")]
+    memory_gib: &'a [u32],
+}
+
+#[derive(ComponentType, Lower)]
+#[component(record)]
+pub(super) struct DomainsRef<'a> {
+    domain: &'a [u32],
+    busy: &'a [u32],
+    total: &'a [u32],
+}
+
+impl<'a> CandidatesRef<'a> {
+    pub(super) fn of(candidates: &'a Candidates) -> Self {
+        let Candidates {
+            nodes,
+            units,
+            domains,
+        } = candidates;
+        CandidatesRef {
+            nodes: NodesRef {
+                id: &nodes.id,
+                busy_units: &nodes.busy_units,
+                total_units: &nodes.total_units,
+                domains_start: &nodes.domains_start,
+                domains_len: &nodes.domains_len,
+                free_start: &nodes.free_start,
+                free_len: &nodes.free_len,
+            },
+            units: UnitsRef {
+                class: &units.class,
+                model: &units.model,
+                nvlink_domain: &units.nvlink_domain,
+                memory_gib: &units.memory_gib,
+            },
+            domains: DomainsRef {
+                domain: &domains.domain,
+                busy: &domains.busy,
+                total: &domains.total,
+            },
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! The `placer` world export: converts the WIT records to this crate's types, runs
-//! [`crate::place`] and converts the answer back.
+//! The `placer` world export: the WIT records become this crate's columns without copying,
+//! [`crate::place`] decides, and the answer goes back.
 
 wit_bindgen::generate!({
     path: "../../wit",
@@ -40,7 +40,7 @@ fn class(class: wit::DeviceClass) -> crate::DeviceClass {
     }
 }
 
-/// The columns of the call as this crate's rows; a unit's id is its position.
+/// The columns of the call, moved as they are.
 fn candidates(candidates: wit::Candidates) -> crate::Candidates {
     let wit::Candidates {
         nodes,
@@ -48,37 +48,26 @@ fn candidates(candidates: wit::Candidates) -> crate::Candidates {
         domains,
     } = candidates;
     crate::Candidates {
-        nodes: (0..nodes.id.len())
-            .map(|j| crate::Node {
-                id: nodes.id[j],
-                busy_units: nodes.busy_units[j],
-                total_units: nodes.total_units[j],
-                domains: crate::Span {
-                    start: nodes.domains_start[j],
-                    len: nodes.domains_len[j],
-                },
-                free: crate::Span {
-                    start: nodes.free_start[j],
-                    len: nodes.free_len[j],
-                },
-            })
-            .collect(),
-        units: (0..units.class.len())
-            .map(|i| crate::Unit {
-                id: i as u32,
-                class: class(units.class[i]),
-                model: units.model[i],
-                nvlink_domain: Some(units.nvlink_domain[i]).filter(|d| *d != u32::MAX),
-                memory_gib: units.memory_gib[i],
-            })
-            .collect(),
-        domains: (0..domains.domain.len())
-            .map(|i| crate::DomainLoad {
-                domain: domains.domain[i],
-                busy: domains.busy[i],
-                total: domains.total[i],
-            })
-            .collect(),
+        nodes: crate::Nodes {
+            id: nodes.id,
+            busy_units: nodes.busy_units,
+            total_units: nodes.total_units,
+            domains_start: nodes.domains_start,
+            domains_len: nodes.domains_len,
+            free_start: nodes.free_start,
+            free_len: nodes.free_len,
+        },
+        units: crate::Units {
+            class: units.class,
+            model: units.model,
+            nvlink_domain: units.nvlink_domain,
+            memory_gib: units.memory_gib,
+        },
+        domains: crate::Domains {
+            domain: domains.domain,
+            busy: domains.busy,
+            total: domains.total,
+        },
     }
 }
 

@@ -3,7 +3,9 @@
 
 use std::cmp::Reverse;
 
-use crate::{DeviceRequest, NodeView, Placement, Request, Unit};
+use crate::{DeviceRequest, NO_DOMAIN, NodeView, Placement, Request};
+
+mod single;
 
 /// The most domain choices tried for the `nvlink_all` entries of one request on one node.
 /// Requests with one or two such entries never come near it; beyond it the node counts as
@@ -26,15 +28,14 @@ pub(crate) struct Score {
 
 /// Buffers a search reuses from node to node, so that ranking many nodes allocates only
 /// while the buffers grow.
+/// Units are named by their local index `k` on the node (unit id `node.first + k`).
 #[derive(Default)]
-pub(crate) struct Scratch<'a> {
+pub(crate) struct Scratch {
     /// The entries of the request in the order they are satisfied.
     order: Vec<usize>,
-    /// The node's free units, by ascending id.
-    units: Vec<&'a Unit>,
-    /// Whether `units[i]` is already taken by an entry.
+    /// Whether free unit `k` is already taken by an entry.
     taken: Vec<bool>,
-    /// Per entry of the request, indices into `units`.
+    /// Per entry of the request, the units chosen for it.
     chosen: Vec<Vec<usize>>,
     /// Open units of the entry being satisfied.
     open: Vec<usize>,
@@ -42,11 +43,13 @@ pub(crate) struct Scratch<'a> {
     stats: Vec<DomainStat>,
     /// Per `nvlink_all` entry (by depth), the domains still to try.
     domains: Vec<Vec<(u32, u32)>>,
+    /// The node's domains as bit masks, for a request with one entry.
+    masks: Vec<single::Domain>,
 }
 
-impl<'a> Scratch<'a> {
+impl Scratch {
     /// Prepares the buffers for `req`.
-    pub(crate) fn new(req: &Request) -> Scratch<'a> {
+    pub(crate) fn new(req: &Request) -> Scratch {
         Scratch {
             order: entry_order(req),
             chosen: vec![Vec::new(); req.devices.len()],
@@ -57,12 +60,12 @@ impl<'a> Scratch<'a> {
 
 /// How well `req` fits on `node`, or `None` when it does not fit there. The units chosen
 /// are left in `scratch` for [`placement`].
-pub(crate) fn best_on<'a>(
-    req: &Request,
-    node: &NodeView<'a>,
-    scratch: &mut Scratch<'a>,
-) -> Option<Score> {
-    if could_fit(req, node) {
+pub(crate) fn best_on(req: &Request, node: &NodeView<'_>, scratch: &mut Scratch) -> Option<Score> {
+    if let [entry_index] = scratch.order[..]
+        && node.free_len() <= single::MAX_UNITS
+    {
+        single::best_on(entry_index, &req.devices[entry_index], node, scratch)
+    } else if could_fit(req, node) {
         search_on(req, node, scratch)
     } else {
         None
@@ -70,30 +73,25 @@ pub(crate) fn best_on<'a>(
 }
 
 /// The placement [`best_on`] found last, from `scratch`.
-pub(crate) fn placement(node: &NodeView<'_>, scratch: &Scratch<'_>) -> Placement {
+pub(crate) fn placement(node: &NodeView<'_>, scratch: &Scratch) -> Placement {
     Placement {
         node: node.id,
         units: scratch
             .chosen
             .iter()
-            .flat_map(|entry| entry.iter().map(|&i| scratch.units[i].id))
+            .flat_map(|entry| entry.iter().map(|&k| node.first + k as u32))
             .collect(),
     }
 }
 
 /// [`best_on`] without the quick test: the full search.
-pub(crate) fn search_on<'a>(
+pub(crate) fn search_on(
     req: &Request,
-    node: &NodeView<'a>,
-    scratch: &mut Scratch<'a>,
+    node: &NodeView<'_>,
+    scratch: &mut Scratch,
 ) -> Option<Score> {
-    scratch.units.clear();
-    scratch.units.extend(node.free.iter());
-    if !scratch.units.is_sorted_by_key(|u| u.id) {
-        scratch.units.sort_by_key(|u| u.id);
-    }
     scratch.taken.clear();
-    scratch.taken.resize(scratch.units.len(), false);
+    scratch.taken.resize(node.free_len(), false);
     scratch.chosen.iter_mut().for_each(Vec::clear);
     let order = std::mem::take(&mut scratch.order);
     let mut search = Search {
@@ -114,13 +112,14 @@ pub(crate) fn search_on<'a>(
             .chosen
             .iter()
             .flatten()
-            .map(|&i| scratch.units[i].nvlink_domain)
+            .map(|&k| node.nvlink_domain[k])
     };
     // Distinct domains idle before this request among those of the chosen units.
     let idle_domains_touched = chosen()
         .enumerate()
         .filter(|&(k, domain)| {
-            domain.is_some_and(|d| node.domain_busy(d) == 0)
+            domain != NO_DOMAIN
+                && node.domain_busy(domain) == 0
                 && !chosen().take(k).any(|earlier| earlier == domain)
         })
         .count() as u32;
@@ -137,30 +136,32 @@ pub(crate) fn search_on<'a>(
 /// and the node has enough such units for all entries together. `false` means the request
 /// cannot fit; `true` means the search must decide.
 pub(crate) fn could_fit(req: &Request, node: &NodeView<'_>) -> bool {
-    let usable = node
-        .free
-        .iter()
-        .filter(|u| req.devices.iter().any(|d| d.count > 0 && d.accepts(u)))
+    let free = node.free_len();
+    let usable = (0..free)
+        .filter(|&k| {
+            req.devices
+                .iter()
+                .any(|d| d.count > 0 && d.accepts_at(node, k))
+        })
         .count() as u64;
     if usable < req.unit_count() {
         return false;
     }
     req.devices.iter().filter(|d| d.count > 0).all(|entry| {
-        let matching = || node.free.iter().filter(|u| entry.accepts(u));
+        let count = entry.count as usize;
         if !entry.nvlink_all {
-            return matching().count() >= entry.count as usize;
+            return (0..free).filter(|&k| entry.accepts_at(node, k)).count() >= count;
         }
-        matching().enumerate().any(|(i, first)| {
-            let Some(domain) = first.nvlink_domain else {
-                return false;
-            };
-            // Count each domain once, at its first unit.
-            let seen_before = matching().take(i).any(|u| u.nvlink_domain == Some(domain));
-            !seen_before
-                && matching()
-                    .filter(|u| u.nvlink_domain == Some(domain))
+        (0..free).any(|first| {
+            let domain = node.nvlink_domain[first];
+            // Count each domain once, at its first matching unit.
+            domain != NO_DOMAIN
+                && entry.accepts_at(node, first)
+                && !(0..first).any(|k| node.nvlink_domain[k] == domain && entry.accepts_at(node, k))
+                && (first..free)
+                    .filter(|&k| node.nvlink_domain[k] == domain && entry.accepts_at(node, k))
                     .count()
-                    >= entry.count as usize
+                    >= count
         })
     })
 }
@@ -188,7 +189,7 @@ fn entry_order(req: &Request) -> Vec<usize> {
 struct Search<'s, 'a> {
     req: &'s Request,
     node: &'s NodeView<'a>,
-    s: &'s mut Scratch<'a>,
+    s: &'s mut Scratch,
     nvlink_free: u64,
     tries: u32,
 }
@@ -218,7 +219,7 @@ impl Search<'_, '_> {
                 }
                 self.open_units(entry);
                 let mut picked = std::mem::take(&mut self.s.open);
-                picked.retain(|&i| self.s.units[i].nvlink_domain == Some(domain));
+                picked.retain(|&k| self.node.nvlink_domain[k] == domain);
                 picked.truncate(count);
                 self.take(entry_index, &picked);
                 self.s.open = picked;
@@ -240,8 +241,8 @@ impl Search<'_, '_> {
             let mut picked = std::mem::take(&mut self.s.open);
             self.domain_stats(&picked);
             let stats = &self.s.stats;
-            let units = &self.s.units;
-            picked.sort_by_key(|&i| packing_key(stats, units[i]));
+            let node = self.node;
+            picked.sort_by_key(|&k| packing_key(stats, node, k));
             picked.truncate(count);
             picked.sort_unstable();
             self.take(entry_index, &picked);
@@ -256,11 +257,9 @@ impl Search<'_, '_> {
 
     /// Fills `s.open` with the untaken units that `entry` accepts, by ascending id.
     fn open_units(&mut self, entry: &DeviceRequest) {
-        let Scratch {
-            open, units, taken, ..
-        } = &mut *self.s;
+        let Scratch { open, taken, .. } = &mut *self.s;
         open.clear();
-        open.extend((0..units.len()).filter(|&i| !taken[i] && entry.accepts(units[i])));
+        open.extend((0..taken.len()).filter(|&k| !taken[k] && entry.accepts_at(self.node, k)));
     }
 
     /// Fills `domains` with the domains that still hold `entry` whole, with their free
@@ -282,34 +281,28 @@ impl Search<'_, '_> {
     /// holds and how busy it is, counting the units this request already took in it as
     /// busy.
     fn domain_stats(&mut self, open: &[usize]) {
-        let Scratch {
-            units,
-            taken,
-            stats,
-            ..
-        } = &mut *self.s;
+        let Scratch { taken, stats, .. } = &mut *self.s;
+        let node = self.node;
         stats.clear();
-        for &i in open {
-            let Some(domain) = units[i].nvlink_domain else {
+        for &k in open {
+            let domain = node.nvlink_domain[k];
+            if domain == NO_DOMAIN {
                 continue;
-            };
+            }
             match stats.iter_mut().find(|s| s.domain == domain) {
                 Some(s) => s.free += 1,
                 None => stats.push(DomainStat {
                     domain,
                     free: 1,
-                    busy: self.node.domain_busy(domain),
+                    busy: node.domain_busy(domain),
                 }),
             }
         }
-        for (i, unit) in units.iter().enumerate() {
-            if !taken[i] {
+        for (k, taken) in taken.iter().enumerate() {
+            if !taken {
                 continue;
             }
-            if let Some(s) = stats
-                .iter_mut()
-                .find(|s| Some(s.domain) == unit.nvlink_domain)
-            {
+            if let Some(s) = stats.iter_mut().find(|s| s.domain == node.nvlink_domain[k]) {
                 s.busy = s.busy.saturating_add(1);
             }
         }
@@ -343,12 +336,17 @@ struct DomainStat {
 /// Where a unit stands in the packing order of an entry without `nvlink_all`: units outside
 /// any domain, then busy domains, then idle ones; within those, the domain with the fewest
 /// free matching units, then the lowest domain id and unit id.
-fn packing_key(domains: &[DomainStat], unit: &Unit) -> (bool, bool, u32, u32, u32) {
-    let stat = unit
-        .nvlink_domain
-        .and_then(|d| domains.iter().find(|s| s.domain == d));
+fn packing_key(
+    domains: &[DomainStat],
+    node: &NodeView<'_>,
+    k: usize,
+) -> (bool, bool, u32, u32, usize) {
+    let domain = node.nvlink_domain[k];
+    let stat = (domain != NO_DOMAIN)
+        .then(|| domains.iter().find(|s| s.domain == domain))
+        .flatten();
     match stat {
-        None => (false, false, 0, 0, unit.id),
-        Some(s) => (true, s.busy == 0, s.free, s.domain, unit.id),
+        None => (false, false, 0, 0, k),
+        Some(s) => (true, s.busy == 0, s.free, s.domain, k),
     }
 }

@@ -35,23 +35,37 @@ mod reason;
 use std::fmt;
 
 /// What kind of device a unit provides and a request asks for (WIT `device-class`).
+///
+/// The columns of [`Units`] carry a class as its [`code`](DeviceClass::code): the position of
+/// its case in the WIT enum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum DeviceClass {
     /// A whole GPU, or a group of GPUs handed out together.
-    Gpu,
+    Gpu = 0,
     /// A MIG instance.
-    GpuMig,
+    GpuMig = 1,
     /// A time-slice or MPS slot.
-    GpuSlot,
+    GpuSlot = 2,
     /// A NIC virtual function.
-    NicVf,
+    NicVf = 3,
     /// A disk.
-    Disk,
+    Disk = 4,
     /// A whole node.
-    Node,
+    Node = 5,
 }
 
 impl DeviceClass {
+    /// Every class, in the order of the WIT enum: `ALL[code]` is the class of `code`.
+    pub const ALL: [DeviceClass; 6] = [
+        DeviceClass::Gpu,
+        DeviceClass::GpuMig,
+        DeviceClass::GpuSlot,
+        DeviceClass::NicVf,
+        DeviceClass::Disk,
+        DeviceClass::Node,
+    ];
+
     /// The WIT spelling (`gpu`, `gpu-mig`, …), used in reasons.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -63,6 +77,16 @@ impl DeviceClass {
             DeviceClass::Node => "node",
         }
     }
+
+    /// The class as [`Units::class`] carries it: the position of its case in the WIT enum.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The class of `code`, or `None` for a code no class has.
+    pub fn from_code(code: u8) -> Option<DeviceClass> {
+        DeviceClass::ALL.get(usize::from(code)).copied()
+    }
 }
 
 impl fmt::Display for DeviceClass {
@@ -71,11 +95,12 @@ impl fmt::Display for DeviceClass {
     }
 }
 
-/// A unit the host found feasible for the request (WIT `unit`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// [`Units::nvlink_domain`] of a unit in no NVLink domain.
+pub const NO_DOMAIN: u32 = u32::MAX;
+
+/// One unit, read from or appended to the columns of [`Units`]. Its id is its position there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unit {
-    /// The host's index for the unit, unique across one call.
-    pub id: u32,
     /// The device class the unit provides.
     pub class: DeviceClass,
     /// Index into [`Request::models`].
@@ -86,8 +111,57 @@ pub struct Unit {
     pub memory_gib: u32,
 }
 
-/// How loaded one NVLink domain of a node is over the requested window (WIT `domain-load`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The units of one call as columns (WIT `units`): entry `i` of every column describes unit
+/// `i`, and `i` is the unit's id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Units {
+    /// Each unit's [`DeviceClass::code`]. A code no class has matches no request.
+    pub class: Vec<u8>,
+    /// Each unit's model, an index into [`Request::models`].
+    pub model: Vec<u32>,
+    /// Each unit's NVLink domain, or [`NO_DOMAIN`].
+    pub nvlink_domain: Vec<u32>,
+    /// Each unit's device memory in GiB.
+    pub memory_gib: Vec<u32>,
+}
+
+impl Units {
+    /// How many units there are.
+    pub fn len(&self) -> usize {
+        self.class.len()
+    }
+
+    /// Whether there are no units.
+    pub fn is_empty(&self) -> bool {
+        self.class.is_empty()
+    }
+
+    /// Appends `unit`, answering its id.
+    pub fn push(&mut self, unit: Unit) -> u32 {
+        let id = self.len() as u32;
+        self.class.push(unit.class.code());
+        self.model.push(unit.model);
+        self.nvlink_domain
+            .push(unit.nvlink_domain.unwrap_or(NO_DOMAIN));
+        self.memory_gib.push(unit.memory_gib);
+        id
+    }
+
+    /// Unit `id`, or `None` when there is no such unit or its class code is unknown.
+    pub fn get(&self, id: u32) -> Option<Unit> {
+        let i = id as usize;
+        Some(Unit {
+            class: DeviceClass::from_code(*self.class.get(i)?)?,
+            model: *self.model.get(i)?,
+            nvlink_domain: Some(*self.nvlink_domain.get(i)?).filter(|d| *d != NO_DOMAIN),
+            memory_gib: *self.memory_gib.get(i)?,
+        })
+    }
+}
+
+/// How loaded one NVLink domain of a node is over the requested window: one entry of
+/// [`Domains`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DomainLoad {
     /// The domain, as in [`Unit::nvlink_domain`].
     pub domain: u32,
@@ -97,7 +171,46 @@ pub struct DomainLoad {
     pub total: u32,
 }
 
-/// A run of consecutive entries of a [`Candidates`] list (WIT `span`).
+/// The domain loads of every candidate node as columns (WIT `domains`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Domains {
+    /// The domain, as in [`Units::nvlink_domain`].
+    pub domain: Vec<u32>,
+    /// Units of the domain booked at some point of the window.
+    pub busy: Vec<u32>,
+    /// All units of the domain.
+    pub total: Vec<u32>,
+}
+
+impl Domains {
+    /// How many entries there are.
+    pub fn len(&self) -> usize {
+        self.domain.len()
+    }
+
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.domain.is_empty()
+    }
+
+    /// Appends `load`.
+    pub fn push(&mut self, load: DomainLoad) {
+        self.domain.push(load.domain);
+        self.busy.push(load.busy);
+        self.total.push(load.total);
+    }
+
+    /// Entry `i`.
+    pub fn get(&self, i: usize) -> Option<DomainLoad> {
+        Some(DomainLoad {
+            domain: *self.domain.get(i)?,
+            busy: *self.busy.get(i)?,
+            total: *self.total.get(i)?,
+        })
+    }
+}
+
+/// A run of consecutive entries of a column (WIT `span`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Span {
     /// Index of the first entry.
@@ -107,17 +220,25 @@ pub struct Span {
 }
 
 impl Span {
-    /// The entries of `list` this span covers; empty when it reaches past the end.
-    pub fn of<T>(self, list: &[T]) -> &[T] {
+    /// The indices the span covers.
+    pub fn range(self) -> std::ops::Range<usize> {
         let start = self.start as usize;
-        list.get(start..start.saturating_add(self.len as usize))
-            .unwrap_or(&[])
+        start..start.saturating_add(self.len as usize)
+    }
+
+    /// The ids the span covers, as `u32`.
+    pub fn ids(self) -> std::ops::Range<u32> {
+        self.start..self.start.saturating_add(self.len)
+    }
+
+    /// The entries of `column` this span covers; empty when it reaches past the end.
+    pub fn of<T>(self, column: &[T]) -> &[T] {
+        column.get(self.range()).unwrap_or(&[])
     }
 }
 
-/// A candidate node (WIT `node`): its load, and its domains and free units as runs of the
-/// [`Candidates`] lists.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One candidate node, read from or appended to the columns of [`Nodes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Node {
     /// The host's index for the node, unique within one call.
     pub id: u32,
@@ -132,19 +253,84 @@ pub struct Node {
     pub free: Span,
 }
 
-/// Everything the host found for one request, as three flat lists (WIT `candidates`).
+/// The candidate nodes as columns (WIT `nodes`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Nodes {
+    /// The host's id for each node, unique within the call.
+    pub id: Vec<u32>,
+    /// Units of each node booked at some point of the window.
+    pub busy_units: Vec<u32>,
+    /// All units of each node.
+    pub total_units: Vec<u32>,
+    /// Each node's domain loads: a run of [`Candidates::domains`].
+    pub domains_start: Vec<u32>,
+    /// See `domains_start`.
+    pub domains_len: Vec<u32>,
+    /// Each node's free units: a run of [`Candidates::units`].
+    pub free_start: Vec<u32>,
+    /// See `free_start`.
+    pub free_len: Vec<u32>,
+}
+
+impl Nodes {
+    /// How many nodes there are.
+    pub fn len(&self) -> usize {
+        self.id.len()
+    }
+
+    /// Whether there are no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.id.is_empty()
+    }
+
+    /// Appends `node`.
+    pub fn push(&mut self, node: Node) {
+        self.id.push(node.id);
+        self.busy_units.push(node.busy_units);
+        self.total_units.push(node.total_units);
+        self.domains_start.push(node.domains.start);
+        self.domains_len.push(node.domains.len);
+        self.free_start.push(node.free.start);
+        self.free_len.push(node.free.len);
+    }
+
+    /// Every node, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Node> + '_ {
+        (0..self.len()).filter_map(|j| self.get(j))
+    }
+
+    /// Node `j` (a position, not an id).
+    pub fn get(&self, j: usize) -> Option<Node> {
+        Some(Node {
+            id: *self.id.get(j)?,
+            busy_units: *self.busy_units.get(j)?,
+            total_units: *self.total_units.get(j)?,
+            domains: Span {
+                start: *self.domains_start.get(j)?,
+                len: *self.domains_len.get(j)?,
+            },
+            free: Span {
+                start: *self.free_start.get(j)?,
+                len: *self.free_len.get(j)?,
+            },
+        })
+    }
+}
+
+/// Everything the host found for one request, as columns of numbers (WIT `candidates`), so
+/// that the WebAssembly component receives it without a conversion in either direction.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Candidates {
     /// The candidate nodes.
-    pub nodes: Vec<Node>,
+    pub nodes: Nodes,
     /// Every unit of the call.
-    pub units: Vec<Unit>,
+    pub units: Units,
     /// The domain loads of every node.
-    pub domains: Vec<DomainLoad>,
+    pub domains: Domains,
 }
 
 impl Candidates {
-    /// Appends node `id` with its domain loads and free units (ids kept as given).
+    /// Appends node `id` with its domain loads and free units; the units get the next ids.
     pub fn push_node(
         &mut self,
         id: u32,
@@ -153,8 +339,8 @@ impl Candidates {
         domains: impl IntoIterator<Item = DomainLoad>,
         free: impl IntoIterator<Item = Unit>,
     ) {
-        let domains = Self::extend(&mut self.domains, domains);
-        let free = Self::extend(&mut self.units, free);
+        let domains = self.push_domains(domains);
+        let free = self.push_units(free);
         self.nodes.push(Node {
             id,
             busy_units,
@@ -164,34 +350,74 @@ impl Candidates {
         });
     }
 
-    /// Appends `items` to `list`, answering the span they take.
-    pub fn extend<T>(list: &mut Vec<T>, items: impl IntoIterator<Item = T>) -> Span {
-        let start = list.len();
-        list.extend(items);
+    /// Appends `units`, answering the span of ids they get.
+    pub fn push_units(&mut self, units: impl IntoIterator<Item = Unit>) -> Span {
+        let start = self.units.len() as u32;
+        for unit in units {
+            self.units.push(unit);
+        }
         Span {
-            start: start as u32,
-            len: (list.len() - start) as u32,
+            start,
+            len: self.units.len() as u32 - start,
         }
     }
 
-    /// `node` with its runs resolved.
-    pub fn view<'a>(&'a self, node: &'a Node) -> NodeView<'a> {
-        NodeView {
+    /// Appends `loads`, answering the span they take.
+    pub fn push_domains(&mut self, loads: impl IntoIterator<Item = DomainLoad>) -> Span {
+        let start = self.domains.len() as u32;
+        for load in loads {
+            self.domains.push(load);
+        }
+        Span {
+            start,
+            len: self.domains.len() as u32 - start,
+        }
+    }
+
+    /// Node `j` (a position) with its runs resolved; `None` past the last node.
+    pub fn view(&self, j: usize) -> Option<NodeView<'_>> {
+        let node = self.nodes.get(j)?;
+        let free = node.free.range();
+        let free = if free.end <= self.units.len() {
+            free
+        } else {
+            0..0
+        };
+        let domains = node.domains.range();
+        let domains = if domains.end <= self.domains.len() {
+            domains
+        } else {
+            0..0
+        };
+        Some(NodeView {
             id: node.id,
             busy_units: node.busy_units,
             total_units: node.total_units,
-            domains: node.domains.of(&self.domains),
-            free: node.free.of(&self.units),
-        }
+            first: free.start as u32,
+            class: &self.units.class[free.clone()],
+            model: &self.units.model[free.clone()],
+            nvlink_domain: &self.units.nvlink_domain[free.clone()],
+            memory_gib: &self.units.memory_gib[free],
+            domain: &self.domains.domain[domains.clone()],
+            domain_busy: &self.domains.busy[domains],
+        })
     }
 
     /// Every node with its runs resolved, in order.
     pub fn views(&self) -> impl Iterator<Item = NodeView<'_>> {
-        self.nodes.iter().map(|n| self.view(n))
+        (0..self.nodes.len()).filter_map(|j| self.view(j))
+    }
+
+    /// The node whose id is `id`, with its runs resolved.
+    pub fn find(&self, id: u32) -> Option<NodeView<'_>> {
+        let j = self.nodes.id.iter().position(|n| *n == id)?;
+        self.view(j)
     }
 }
 
-/// A candidate node with its domain loads and free units borrowed from [`Candidates`].
+/// A candidate node with its free units and domain loads borrowed from the columns of
+/// [`Candidates`]. Its free units are indexed locally: local index `k` is unit id
+/// `first + k`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeView<'a> {
     /// The host's index for the node.
@@ -200,19 +426,49 @@ pub struct NodeView<'a> {
     pub busy_units: u32,
     /// All units of the node.
     pub total_units: u32,
-    /// The load of each NVLink domain; a domain missing here counts as idle.
-    pub domains: &'a [DomainLoad],
-    /// The units the request may take.
-    pub free: &'a [Unit],
+    /// The id of the first free unit.
+    pub first: u32,
+    /// The class codes of the free units.
+    pub class: &'a [u8],
+    /// The models of the free units.
+    pub model: &'a [u32],
+    /// The NVLink domains of the free units ([`NO_DOMAIN`] for none).
+    pub nvlink_domain: &'a [u32],
+    /// The device memory of the free units, in GiB.
+    pub memory_gib: &'a [u32],
+    /// The NVLink domains the host reported a load for.
+    pub domain: &'a [u32],
+    /// Busy units of each of those domains.
+    pub domain_busy: &'a [u32],
 }
 
 impl NodeView<'_> {
+    /// How many free units the node offers.
+    pub fn free_len(&self) -> usize {
+        self.class.len()
+    }
+
+    /// The ids of the free units.
+    pub fn free_ids(&self) -> std::ops::Range<u32> {
+        self.first..self.first + self.class.len() as u32
+    }
+
+    /// Free unit `k` (a local index), or `None` when its class code is unknown.
+    pub fn unit(&self, k: usize) -> Option<Unit> {
+        Some(Unit {
+            class: DeviceClass::from_code(self.class[k])?,
+            model: self.model[k],
+            nvlink_domain: Some(self.nvlink_domain[k]).filter(|d| *d != NO_DOMAIN),
+            memory_gib: self.memory_gib[k],
+        })
+    }
+
     /// Busy units of `domain` as reported by the host, `0` when it is not reported.
     pub fn domain_busy(&self, domain: u32) -> u32 {
-        self.domains
+        self.domain
             .iter()
-            .find(|d| d.domain == domain)
-            .map_or(0, |d| d.busy)
+            .position(|d| *d == domain)
+            .map_or(0, |i| self.domain_busy[i])
     }
 }
 
@@ -234,6 +490,12 @@ impl DeviceRequest {
     /// same model. NVLink domains are not considered here.
     pub fn accepts(&self, unit: &Unit) -> bool {
         unit.class == self.class && self.model.is_none_or(|m| m == unit.model)
+    }
+
+    /// [`accepts`](Self::accepts) for free unit `k` of `node`.
+    #[inline]
+    pub fn accepts_at(&self, node: &NodeView<'_>, k: usize) -> bool {
+        node.class[k] == self.class.code() && self.model.is_none_or(|m| m == node.model[k])
     }
 }
 

@@ -3,18 +3,20 @@ use super::*;
 const H100: u32 = 0;
 const A100: u32 = 1;
 
-fn unit(id: u32, class: DeviceClass, model: u32, domain: Option<u32>) -> Unit {
-    Unit {
-        id,
+/// Unit `id`: a unit's id is its position among all units of the call, so the tests
+/// number them in the order the nodes list them (checked by [`candidates`]).
+fn unit(id: u32, class: DeviceClass, model: u32, domain: Option<u32>) -> (u32, Unit) {
+    let unit = Unit {
         class,
         model,
         nvlink_domain: domain,
         memory_gib: 80,
-    }
+    };
+    (id, unit)
 }
 
 /// H100 GPUs `ids` in NVLink domain `domain`.
-fn h100s(ids: std::ops::Range<u32>, domain: u32) -> Vec<Unit> {
+fn h100s(ids: std::ops::Range<u32>, domain: u32) -> Vec<(u32, Unit)> {
     ids.map(|id| unit(id, DeviceClass::Gpu, H100, Some(domain)))
         .collect()
 }
@@ -26,10 +28,10 @@ struct TestNode {
     id: u32,
     busy_units: u32,
     domains: Vec<DomainLoad>,
-    free: Vec<Unit>,
+    free: Vec<(u32, Unit)>,
 }
 
-fn node(id: u32, busy_units: u32, domains: &[(u32, u32, u32)], free: Vec<Unit>) -> TestNode {
+fn node(id: u32, busy_units: u32, domains: &[(u32, u32, u32)], free: Vec<(u32, Unit)>) -> TestNode {
     TestNode {
         id,
         busy_units,
@@ -48,7 +50,11 @@ fn node(id: u32, busy_units: u32, domains: &[(u32, u32, u32)], free: Vec<Unit>) 
 fn candidates(nodes: &[TestNode]) -> Candidates {
     let mut candidates = Candidates::default();
     for n in nodes {
-        candidates.push_node(n.id, n.busy_units, 16, n.domains.clone(), n.free.clone());
+        for (position, (id, _)) in (candidates.units.len() as u32..).zip(&n.free) {
+            assert_eq!(*id, position, "test units are numbered by position");
+        }
+        let free = n.free.iter().map(|(_, unit)| *unit);
+        candidates.push_node(n.id, n.busy_units, 16, n.domains.clone(), free);
     }
     candidates
 }
@@ -209,12 +215,12 @@ fn large_open_requests_fill_busy_domains_before_breaking_idle_ones() {
 #[test]
 fn units_outside_any_domain_are_taken_first_by_open_requests() {
     let mut free = h100s(0..4, 0);
-    free.push(unit(9, DeviceClass::Gpu, H100, None));
+    free.push(unit(4, DeviceClass::Gpu, H100, None));
     let nodes = [node(1, 4, &[(0, 4, 8)], free)];
 
     let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
 
-    assert_eq!(placement.units, vec![0, 9]);
+    assert_eq!(placement.units, vec![0, 4]);
 }
 
 #[test]
@@ -288,8 +294,8 @@ fn class_and_model_are_respected() {
 #[test]
 fn units_are_listed_entry_by_entry_in_request_order() {
     let mut free = h100s(0..4, 0);
-    free.push(unit(10, DeviceClass::NicVf, 0, None));
-    free.push(unit(11, DeviceClass::NicVf, 0, None));
+    free.push(unit(4, DeviceClass::NicVf, 0, None));
+    free.push(unit(5, DeviceClass::NicVf, 0, None));
     let nodes = [node(1, 0, &[(0, 0, 4)], free)];
     let nic = DeviceRequest {
         class: DeviceClass::NicVf,
@@ -300,7 +306,7 @@ fn units_are_listed_entry_by_entry_in_request_order() {
 
     let placement = place(&request(vec![nic, gpus(2, true)]), &nodes).unwrap();
 
-    assert_eq!(placement.units, vec![10, 0, 1]);
+    assert_eq!(placement.units, vec![4, 0, 1]);
 }
 
 #[test]
@@ -358,13 +364,8 @@ fn two_nvlink_entries_may_share_a_domain() {
 #[test]
 fn ties_go_to_the_lowest_node_id_and_unit_id() {
     let nodes = [
-        node(5, 0, &[(0, 0, 4)], h100s(10..14, 0)),
-        node(
-            3,
-            0,
-            &[(0, 0, 4)],
-            h100s(0..4, 0).into_iter().rev().collect(),
-        ),
+        node(5, 0, &[(0, 0, 4)], h100s(0..4, 0)),
+        node(3, 0, &[(0, 0, 4)], h100s(4..8, 0)),
     ];
 
     let placement = place(&request(vec![gpus(2, false)]), &nodes).unwrap();
@@ -373,26 +374,31 @@ fn ties_go_to_the_lowest_node_id_and_unit_id() {
         placement,
         Placement {
             node: 3,
-            units: vec![0, 1]
+            units: vec![4, 5]
         }
     );
 }
 
 #[test]
-fn the_answer_does_not_depend_on_input_order() {
-    let mut free = h100s(0..4, 0);
-    free.extend(h100s(4..10, 1));
-    let a = node(1, 3, &[(0, 2, 6), (1, 1, 7)], free.clone());
-    let mut reversed = free;
-    reversed.reverse();
-    let b = node(2, 3, &[(1, 1, 7), (0, 2, 6)], reversed);
+fn the_answer_does_not_depend_on_node_or_domain_order() {
+    // Two equal nodes whose units start at id `first`; node 2 lists its domains the other
+    // way round.
+    let free = |first: u32| {
+        let mut free = h100s(first..first + 4, 0);
+        free.extend(h100s(first + 4..first + 10, 1));
+        free
+    };
+    let a = |first| node(1, 3, &[(0, 2, 6), (1, 1, 7)], free(first));
+    let b = |first| node(2, 3, &[(1, 1, 7), (0, 2, 6)], free(first));
     let req = request(vec![gpus(3, false), gpus(2, true)]);
 
-    let first = place(&req, &[a.clone(), b.clone()]).unwrap();
-    let second = place(&req, &[b, a]).unwrap();
+    let first = place(&req, &[a(0), b(10)]).unwrap();
+    let second = place(&req, &[b(0), a(10)]).unwrap();
 
-    assert_eq!(first, second);
     assert_eq!(first.node, 1);
+    assert_eq!(second.node, 1);
+    let shifted: Vec<u32> = first.units.iter().map(|id| id + 10).collect();
+    assert_eq!(second.units, shifted);
 }
 
 #[test]
@@ -403,7 +409,7 @@ fn a_request_for_nothing_is_refused() {
 
     assert_eq!(err.reason(), "the request asks for no devices");
     let flat = candidates(&nodes);
-    assert_eq!(place_on(&request(vec![]), &flat.view(&flat.nodes[0])), None);
+    assert_eq!(place_on(&request(vec![]), &flat.view(0).unwrap()), None);
 }
 
 #[test]
@@ -444,7 +450,7 @@ fn the_reason_names_the_entry_that_fits_nowhere() {
 fn the_reason_names_all_entries_when_each_fits_somewhere_but_not_together() {
     let nodes = [
         node(1, 0, &[(0, 0, 4)], h100s(0..4, 0)),
-        node(2, 0, &[], vec![unit(9, DeviceClass::Disk, A100, None)]),
+        node(2, 0, &[], vec![unit(4, DeviceClass::Disk, A100, None)]),
     ];
     let disk = DeviceRequest {
         class: DeviceClass::Disk,
@@ -486,7 +492,7 @@ fn place_on_agrees_with_place_for_a_single_node() {
     let flat = candidates(std::slice::from_ref(&candidate));
 
     assert_eq!(
-        place_on(&req, &flat.view(&flat.nodes[0])),
+        place_on(&req, &flat.view(0).unwrap()),
         Some(place(&req, std::slice::from_ref(&candidate)).unwrap())
     );
 }
@@ -520,7 +526,14 @@ fn assert_valid(req: &Request, nodes: &[TestNode], placement: &Placement) {
         let units: Vec<&Unit> = ids
             .by_ref()
             .take(entry.count as usize)
-            .map(|id| node.free.iter().find(|u| u.id == *id).expect("a free unit"))
+            .map(|id| {
+                let (_, unit) = node
+                    .free
+                    .iter()
+                    .find(|(u, _)| u == id)
+                    .expect("a free unit");
+                unit
+            })
             .collect();
         assert!(units.iter().all(|u| entry.accepts(u)), "class or model");
         if entry.nvlink_all {
@@ -545,6 +558,7 @@ fn every_placement_keeps_the_placement_rules() {
                 let domains = rng.below(3);
                 let free = (0..rng.below(12))
                     .map(|_| {
+                        let id = next_id;
                         next_id += 1;
                         let class = if rng.below(5) == 0 {
                             DeviceClass::NicVf
@@ -552,7 +566,7 @@ fn every_placement_keeps_the_placement_rules() {
                             DeviceClass::Gpu
                         };
                         let domain = (domains > 0 && rng.below(4) != 0).then(|| rng.below(domains));
-                        unit(next_id, class, rng.below(2), domain)
+                        unit(id, class, rng.below(2), domain)
                     })
                     .collect();
                 let loads: Vec<(u32, u32, u32)> =
@@ -595,5 +609,60 @@ fn every_placement_keeps_the_placement_rules() {
     assert!(
         placed > 50,
         "the generator should produce placeable requests ({placed})"
+    );
+}
+
+#[test]
+fn the_single_entry_path_chooses_what_the_general_search_chooses() {
+    let mut rng = Lcg(11);
+    let mut compared = 0;
+    for _ in 0..2_000 {
+        let domains = rng.below(5);
+        let free: Vec<(u32, Unit)> = (0..rng.below(20))
+            .map(|id| {
+                let class = if rng.below(6) == 0 {
+                    DeviceClass::NicVf
+                } else {
+                    DeviceClass::Gpu
+                };
+                let domain = (domains > 0 && rng.below(5) != 0).then(|| rng.below(domains));
+                unit(id, class, rng.below(2), domain)
+            })
+            .collect();
+        let mut loads: Vec<(u32, u32, u32)> = Vec::new();
+        for d in 0..domains {
+            if rng.below(4) != 0 {
+                loads.push((d, rng.below(3), 8));
+            }
+        }
+        let nodes = [node(1, rng.below(8), &loads, free)];
+        let entry = DeviceRequest {
+            class: DeviceClass::Gpu,
+            count: 1 + rng.below(6),
+            model: (rng.below(2) == 0).then(|| rng.below(2)),
+            nvlink_all: rng.below(2) == 0,
+        };
+        let req = request(vec![entry]);
+        let flat = candidates(&nodes);
+        let node = flat.view(0).unwrap();
+
+        let mut fast = crate::fit::Scratch::new(&req);
+        let fast_score = crate::fit::best_on(&req, &node, &mut fast);
+        let mut general = crate::fit::Scratch::new(&req);
+        let general_score = crate::fit::search_on(&req, &node, &mut general);
+
+        assert_eq!(fast_score, general_score, "{req:?} {node:?}");
+        if fast_score.is_some() {
+            assert_eq!(
+                crate::fit::placement(&node, &fast),
+                crate::fit::placement(&node, &general),
+                "{req:?} {node:?}"
+            );
+            compared += 1;
+        }
+    }
+    assert!(
+        compared > 500,
+        "the generator should produce fits ({compared})"
     );
 }

@@ -25,14 +25,16 @@ impl Guest for DefaultPreemptor {
             domains,
         } = candidates;
         let units: Vec<crate::Unit> = (0..units.class.len())
-            .map(|i| crate::Unit {
-                id: i as u32,
-                class: class(units.class[i]),
-                model: units.model[i],
-                nvlink_domain: Some(units.nvlink_domain[i]).filter(|d| *d != u32::MAX),
-                memory_gib: units.memory_gib[i],
+            .map(|i| {
+                Ok(crate::Unit {
+                    id: i as u32,
+                    class: class_of(units.class[i])?,
+                    model: units.model[i],
+                    nvlink_domain: Some(units.nvlink_domain[i]).filter(|d| *d != u32::MAX),
+                    memory_gib: units.memory_gib[i],
+                })
             })
-            .collect();
+            .collect::<Result<_, String>>()?;
         let domains: Vec<crate::DomainLoad> = (0..domains.domain.len())
             .map(|i| crate::DomainLoad {
                 domain: domains.domain[i],
@@ -84,6 +86,15 @@ fn class(class: wit::DeviceClass) -> crate::DeviceClass {
         wit::DeviceClass::Disk => crate::DeviceClass::Disk,
         wit::DeviceClass::Node => crate::DeviceClass::Node,
     }
+}
+
+/// The class of a `units.class` code: the position of its case in the WIT enum.
+fn class_of(code: u8) -> Result<crate::DeviceClass, String> {
+    use wit::DeviceClass::*;
+    [Gpu, GpuMig, GpuSlot, NicVf, Disk, Node]
+        .get(usize::from(code))
+        .map(|c| class(*c))
+        .ok_or_else(|| format!("unknown device class code {code}"))
 }
 
 fn request(req: wit::Request) -> crate::Request {

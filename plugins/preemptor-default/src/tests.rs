@@ -342,8 +342,8 @@ mod placer {
                 busy: d.busy,
                 total: d.total,
             }),
+            // Renumbered by position: only whether it fits matters here.
             node.free.iter().map(|u| p::Unit {
-                id: u.id,
                 class: class(u.class),
                 model: u.model,
                 nvlink_domain: u.nvlink_domain,
@@ -356,8 +356,7 @@ mod placer {
     /// Whether the default placer fits `req` on `node` alone.
     pub fn fits(req: &crate::Request, node: &crate::Node) -> bool {
         let candidates = self::node(node);
-        orl_placer_default::place_on(&request(req), &candidates.view(&candidates.nodes[0]))
-            .is_some()
+        orl_placer_default::place_on(&request(req), &candidates.view(0).unwrap()).is_some()
     }
 }
 

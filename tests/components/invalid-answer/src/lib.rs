@@ -62,7 +62,7 @@ impl Guest for InvalidAnswer {
                 let home_units = home.map(|j| free(&candidates, j)).unwrap_or_default();
                 let mismatch = entry.and_then(|entry| {
                     home_units.iter().find(|u| {
-                        u.class != entry.class || entry.model.is_some_and(|m| m != u.model)
+                        u.class != entry.class as u8 || entry.model.is_some_and(|m| m != u.model)
                     })
                 });
                 if let (Some(unit), Some(slot)) = (mismatch, units.first_mut()) {
