@@ -21,7 +21,7 @@ pub struct PlacementBench {
     #[arg(long, value_delimiter = ',', default_values_t = vec![500, 5_000, 20_000])]
     pub nodes: Vec<usize>,
     /// Decisions per run.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 500)]
     pub requests: usize,
 }
 

@@ -181,8 +181,9 @@ struct Warm {
     bound: Bound,
 }
 
-/// Warm instances are keyed by plugin id and config directory.
-type WarmKey = (String, PathBuf);
+/// Warm instances are keyed by plugin id and config (as compact JSON; empty for none), so
+/// that a decision on a warm instance touches no file.
+type WarmKey = (String, String);
 
 /// The runtime: engine, linker, and the compiled plugins.
 pub struct PolicyHost {
@@ -436,8 +437,8 @@ impl PolicyHost {
         };
         let prepare =
             |e: anyhow::Error| fail(FailureKind::Trap, format!("preparing the instance: {e:#}"));
-        let dir = self.config_dir(&loaded.id, config).map_err(prepare)?;
-        let key = (loaded.id.clone(), dir);
+        let config_key = config.map(serde_json::Value::to_string).unwrap_or_default();
+        let key = (loaded.id.clone(), config_key);
         let idle = self
             .idle
             .lock()
@@ -446,9 +447,11 @@ impl PolicyHost {
             .and_then(Vec::pop);
         let mut warm = match idle {
             Some(warm) => warm,
-            None => self
-                .instantiate(loaded, &key.1, DEFAULT_MEMORY_BYTES)
-                .map_err(prepare)?,
+            None => {
+                let dir = self.config_dir(&loaded.id, config).map_err(prepare)?;
+                self.instantiate(loaded, &dir, DEFAULT_MEMORY_BYTES)
+                    .map_err(prepare)?
+            }
         };
         warm.store.set_epoch_deadline(deadline_ms.max(1));
         let Warm { store, bound } = &mut warm;

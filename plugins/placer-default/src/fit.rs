@@ -45,6 +45,8 @@ pub(crate) struct Scratch {
     domains: Vec<Vec<(u32, u32)>>,
     /// The node's domains as bit masks, for a request with one entry.
     masks: Vec<single::Domain>,
+    /// The units of each domain with an id below 64, for a request with one entry.
+    table: Vec<u64>,
 }
 
 impl Scratch {
@@ -53,6 +55,7 @@ impl Scratch {
         Scratch {
             order: entry_order(req),
             chosen: vec![Vec::new(); req.devices.len()],
+            table: vec![0; single::TABLE],
             ..Scratch::default()
         }
     }

@@ -136,6 +136,15 @@ impl Units {
         self.class.is_empty()
     }
 
+    /// The length every column has, or the shortest when a caller made them differ.
+    fn columns_len(&self) -> usize {
+        self.class
+            .len()
+            .min(self.model.len())
+            .min(self.nvlink_domain.len())
+            .min(self.memory_gib.len())
+    }
+
     /// Appends `unit`, answering its id.
     pub fn push(&mut self, unit: Unit) -> u32 {
         let id = self.len() as u32;
@@ -191,6 +200,11 @@ impl Domains {
     /// Whether there are no entries.
     pub fn is_empty(&self) -> bool {
         self.domain.is_empty()
+    }
+
+    /// The length every column has, or the shortest when a caller made them differ.
+    fn columns_len(&self) -> usize {
+        self.domain.len().min(self.busy.len()).min(self.total.len())
     }
 
     /// Appends `load`.
@@ -374,25 +388,26 @@ impl Candidates {
         }
     }
 
-    /// Node `j` (a position) with its runs resolved; `None` past the last node.
+    /// Node `j` (a position) with its runs resolved; `None` past the last node. A run that
+    /// reaches past the end of its columns resolves to nothing.
+    #[inline]
     pub fn view(&self, j: usize) -> Option<NodeView<'_>> {
-        let node = self.nodes.get(j)?;
-        let free = node.free.range();
-        let free = if free.end <= self.units.len() {
-            free
-        } else {
-            0..0
+        let nodes = &self.nodes;
+        let run = |start: &[u32], len: &[u32], columns: usize| {
+            let start = *start.get(j)? as usize;
+            let end = start + *len.get(j)? as usize;
+            Some(if end <= columns { start..end } else { 0..0 })
         };
-        let domains = node.domains.range();
-        let domains = if domains.end <= self.domains.len() {
-            domains
-        } else {
-            0..0
-        };
+        let free = run(&nodes.free_start, &nodes.free_len, self.units.columns_len())?;
+        let domains = run(
+            &nodes.domains_start,
+            &nodes.domains_len,
+            self.domains.columns_len(),
+        )?;
         Some(NodeView {
-            id: node.id,
-            busy_units: node.busy_units,
-            total_units: node.total_units,
+            id: *nodes.id.get(j)?,
+            busy_units: *nodes.busy_units.get(j)?,
+            total_units: *nodes.total_units.get(j)?,
             first: free.start as u32,
             class: &self.units.class[free.clone()],
             model: &self.units.model[free.clone()],

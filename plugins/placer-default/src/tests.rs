@@ -616,8 +616,10 @@ fn every_placement_keeps_the_placement_rules() {
 fn the_single_entry_path_chooses_what_the_general_search_chooses() {
     let mut rng = Lcg(11);
     let mut compared = 0;
-    for _ in 0..2_000 {
+    for _ in 0..3_000 {
         let domains = rng.below(5);
+        // Ids in the table, across its end, and beyond it.
+        let base = [0, 62, 1_000][rng.below(3) as usize];
         let free: Vec<(u32, Unit)> = (0..rng.below(20))
             .map(|id| {
                 let class = if rng.below(6) == 0 {
@@ -625,14 +627,14 @@ fn the_single_entry_path_chooses_what_the_general_search_chooses() {
                 } else {
                     DeviceClass::Gpu
                 };
-                let domain = (domains > 0 && rng.below(5) != 0).then(|| rng.below(domains));
+                let domain = (domains > 0 && rng.below(5) != 0).then(|| base + rng.below(domains));
                 unit(id, class, rng.below(2), domain)
             })
             .collect();
         let mut loads: Vec<(u32, u32, u32)> = Vec::new();
         for d in 0..domains {
             if rng.below(4) != 0 {
-                loads.push((d, rng.below(3), 8));
+                loads.push((base + d, rng.below(3), 8));
             }
         }
         let nodes = [node(1, rng.below(8), &loads, free)];

@@ -10,6 +10,9 @@ use crate::{DeviceRequest, NO_DOMAIN, NodeView};
 /// The most free units a node may have for this path: one bit each.
 pub(crate) const MAX_UNITS: usize = 64;
 
+/// Domains with ids below this are grouped in a table rather than a list.
+pub(crate) const TABLE: usize = 64;
+
 /// One NVLink domain of the node: its id, the entry's units in it, and its busy units.
 pub(crate) struct Domain {
     id: u32,
@@ -45,6 +48,10 @@ pub(crate) fn best_on(
         return None;
     }
     let mut outside = 0u64;
+    // Domains with an id below 64 (the usual case) are grouped in a table, with `seen`
+    // marking the entries written for this node; others in the list.
+    let mut seen = 0u64;
+    let table = &mut scratch.table;
     let domains = &mut scratch.masks;
     domains.clear();
     let mut rest = matching;
@@ -52,7 +59,12 @@ pub(crate) fn best_on(
         let bit = rest & rest.wrapping_neg();
         rest ^= bit;
         let id = node.nvlink_domain[bit.trailing_zeros() as usize];
-        if id == NO_DOMAIN {
+        if let Some(entry) = table.get_mut(id as usize) {
+            // Keep what the entry holds only when it was written for this node.
+            let kept = 0u64.wrapping_sub((seen >> id) & 1);
+            *entry = (*entry & kept) | bit;
+            seen |= 1 << id;
+        } else if id == NO_DOMAIN {
             outside |= bit;
         } else if let Some(domain) = domains.iter_mut().find(|d| d.id == id) {
             domain.units |= bit;
@@ -63,6 +75,15 @@ pub(crate) fn best_on(
                 busy: node.domain_busy(id),
             });
         }
+    }
+    while seen != 0 {
+        let id = seen.trailing_zeros();
+        seen &= seen - 1;
+        domains.push(Domain {
+            id,
+            units: table[id as usize],
+            busy: node.domain_busy(id),
+        });
     }
     let (chosen, nvlink_free, idle_domains_touched) = if entry.nvlink_all {
         let best = domains
@@ -78,16 +99,14 @@ pub(crate) fn best_on(
     } else {
         let mut chosen = lowest(outside, count);
         let mut idle = 0;
-        if chosen.count_ones() < count {
-            domains.sort_unstable_by_key(Domain::packing_key);
-            for domain in domains.iter() {
-                let wanted = count - chosen.count_ones();
-                if wanted == 0 {
-                    break;
-                }
-                chosen |= lowest(domain.units, wanted);
-                idle += u32::from(domain.busy == 0);
-            }
+        // Domains in packing order, taken one at a time: most requests need one or two.
+        while chosen.count_ones() < count {
+            let Some(next) = (0..domains.len()).min_by_key(|&i| domains[i].packing_key()) else {
+                break;
+            };
+            let domain = domains.swap_remove(next);
+            chosen |= lowest(domain.units, count - chosen.count_ones());
+            idle += u32::from(domain.busy == 0);
         }
         (chosen, 0, idle)
     };
@@ -108,6 +127,7 @@ pub(crate) fn best_on(
 
 /// The free units of `node` that `entry` accepts, as a mask (bit `k` for local unit `k`).
 /// One branch-free pass over the class (and model) columns.
+#[inline(never)]
 fn matching(entry: &DeviceRequest, node: &NodeView<'_>) -> u64 {
     let class = entry.class.code();
     let mut mask = 0u64;
