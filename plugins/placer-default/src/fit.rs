@@ -47,6 +47,9 @@ pub(crate) struct Scratch {
     masks: Vec<single::Domain>,
     /// The units of each domain with an id below 64, for a request with one entry.
     table: Vec<u64>,
+    /// The units the one-entry path chose on the node it looked at last (bit `k` for local
+    /// unit `k`); `None` when the general search did.
+    single: Option<u64>,
 }
 
 impl Scratch {
@@ -67,7 +70,7 @@ pub(crate) fn best_on(req: &Request, node: &NodeView<'_>, scratch: &mut Scratch)
     if let [entry_index] = scratch.order[..]
         && node.free_len() <= single::MAX_UNITS
     {
-        single::best_on(entry_index, &req.devices[entry_index], node, scratch)
+        single::best_on(&req.devices[entry_index], node, scratch)
     } else if could_fit(req, node) {
         search_on(req, node, scratch)
     } else {
@@ -77,13 +80,20 @@ pub(crate) fn best_on(req: &Request, node: &NodeView<'_>, scratch: &mut Scratch)
 
 /// The placement [`best_on`] found last, from `scratch`.
 pub(crate) fn placement(node: &NodeView<'_>, scratch: &Scratch) -> Placement {
+    let local: Vec<usize> = match scratch.single {
+        Some(mut rest) => {
+            let mut units = Vec::with_capacity(rest.count_ones() as usize);
+            while rest != 0 {
+                units.push(rest.trailing_zeros() as usize);
+                rest &= rest - 1;
+            }
+            units
+        }
+        None => scratch.chosen.iter().flatten().copied().collect(),
+    };
     Placement {
         node: node.id,
-        units: scratch
-            .chosen
-            .iter()
-            .flat_map(|entry| entry.iter().map(|&k| node.first + k as u32))
-            .collect(),
+        units: local.iter().map(|&k| node.first + k as u32).collect(),
     }
 }
 
@@ -93,6 +103,7 @@ pub(crate) fn search_on(
     node: &NodeView<'_>,
     scratch: &mut Scratch,
 ) -> Option<Score> {
+    scratch.single = None;
     scratch.taken.clear();
     scratch.taken.resize(node.free_len(), false);
     scratch.chosen.iter_mut().for_each(Vec::clear);

@@ -244,11 +244,6 @@ impl Span {
     pub fn ids(self) -> std::ops::Range<u32> {
         self.start..self.start.saturating_add(self.len)
     }
-
-    /// The entries of `column` this span covers; empty when it reaches past the end.
-    pub fn of<T>(self, column: &[T]) -> &[T] {
-        column.get(self.range()).unwrap_or(&[])
-    }
 }
 
 /// One candidate node, read from or appended to the columns of [`Nodes`].
@@ -411,8 +406,7 @@ impl Candidates {
             first: free.start as u32,
             class: &self.units.class[free.clone()],
             model: &self.units.model[free.clone()],
-            nvlink_domain: &self.units.nvlink_domain[free.clone()],
-            memory_gib: &self.units.memory_gib[free],
+            nvlink_domain: &self.units.nvlink_domain[free],
             domain: &self.domains.domain[domains.clone()],
             domain_busy: &self.domains.busy[domains],
         })
@@ -449,8 +443,6 @@ pub struct NodeView<'a> {
     pub model: &'a [u32],
     /// The NVLink domains of the free units ([`NO_DOMAIN`] for none).
     pub nvlink_domain: &'a [u32],
-    /// The device memory of the free units, in GiB.
-    pub memory_gib: &'a [u32],
     /// The NVLink domains the host reported a load for.
     pub domain: &'a [u32],
     /// Busy units of each of those domains.
@@ -466,16 +458,6 @@ impl NodeView<'_> {
     /// The ids of the free units.
     pub fn free_ids(&self) -> std::ops::Range<u32> {
         self.first..self.first + self.class.len() as u32
-    }
-
-    /// Free unit `k` (a local index), or `None` when its class code is unknown.
-    pub fn unit(&self, k: usize) -> Option<Unit> {
-        Some(Unit {
-            class: DeviceClass::from_code(self.class[k])?,
-            model: self.model[k],
-            nvlink_domain: Some(self.nvlink_domain[k]).filter(|d| *d != NO_DOMAIN),
-            memory_gib: self.memory_gib[k],
-        })
     }
 
     /// Busy units of `domain` as reported by the host, `0` when it is not reported.

@@ -10,7 +10,8 @@ use crate::{DeviceRequest, NO_DOMAIN, NodeView};
 /// The most free units a node may have for this path: one bit each.
 pub(crate) const MAX_UNITS: usize = 64;
 
-/// Domains with ids below this are grouped in a table rather than a list.
+/// Domains with ids below this are grouped in a table rather than a list (at most 64: one
+/// bit each in a mask of the domains seen).
 pub(crate) const TABLE: usize = 64;
 
 /// One NVLink domain of the node: its id, the entry's units in it, and its busy units.
@@ -34,10 +35,9 @@ impl Domain {
     }
 }
 
-/// The best placement of `entry` (the request's only entry, index `entry_index`) on `node`,
-/// which has at most [`MAX_UNITS`] free units; the chosen units go to `scratch`.
+/// The best placement of `entry` (the request's only entry) on `node`, which has at most
+/// [`MAX_UNITS`] free units; the chosen units go to `scratch.single`.
 pub(crate) fn best_on(
-    entry_index: usize,
     entry: &DeviceRequest,
     node: &NodeView<'_>,
     scratch: &mut Scratch,
@@ -110,13 +110,7 @@ pub(crate) fn best_on(
         }
         (chosen, 0, idle)
     };
-    let picked = &mut scratch.chosen[entry_index];
-    picked.clear();
-    let mut rest = chosen;
-    while rest != 0 {
-        picked.push(rest.trailing_zeros() as usize);
-        rest &= rest - 1;
-    }
+    scratch.single = Some(chosen);
     Some(Score {
         nvlink_free,
         idle_domains_touched,
@@ -126,7 +120,8 @@ pub(crate) fn best_on(
 }
 
 /// The free units of `node` that `entry` accepts, as a mask (bit `k` for local unit `k`).
-/// One branch-free pass over the class (and model) columns.
+/// One branch-free pass over the class (and model) columns. Kept out of line: compiled to
+/// WebAssembly and then by Cranelift, the small loop on its own keeps its values in registers.
 #[inline(never)]
 fn matching(entry: &DeviceRequest, node: &NodeView<'_>) -> u64 {
     let class = entry.class.code();
@@ -148,6 +143,9 @@ fn matching(entry: &DeviceRequest, node: &NodeView<'_>) -> u64 {
 
 /// The `count` lowest set bits of `mask` (all of them when it has fewer).
 fn lowest(mask: u64, count: u32) -> u64 {
+    if mask.count_ones() <= count {
+        return mask;
+    }
     let mut rest = mask;
     let mut taken = 0u64;
     for _ in 0..count {
