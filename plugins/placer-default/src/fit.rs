@@ -80,20 +80,19 @@ pub(crate) fn best_on(req: &Request, node: &NodeView<'_>, scratch: &mut Scratch)
 
 /// The placement [`best_on`] found last, from `scratch`.
 pub(crate) fn placement(node: &NodeView<'_>, scratch: &Scratch) -> Placement {
-    let local: Vec<usize> = match scratch.single {
-        Some(mut rest) => {
-            let mut units = Vec::with_capacity(rest.count_ones() as usize);
-            while rest != 0 {
-                units.push(rest.trailing_zeros() as usize);
-                rest &= rest - 1;
-            }
-            units
-        }
-        None => scratch.chosen.iter().flatten().copied().collect(),
+    let units = match scratch.single {
+        // Set bits, lowest first: `mask & (mask - 1)` clears the lowest.
+        Some(mask) => std::iter::successors(Some(mask), |m| Some(m & m.wrapping_sub(1)))
+            .take_while(|m| *m != 0)
+            .map(|m| node.first + m.trailing_zeros())
+            .collect(),
+        None => (scratch.chosen.iter().flatten())
+            .map(|&k| node.first + k as u32)
+            .collect(),
     };
     Placement {
         node: node.id,
-        units: local.iter().map(|&k| node.first + k as u32).collect(),
+        units,
     }
 }
 
