@@ -1,7 +1,10 @@
-//! `orl bench placement`: replays one stream of requests against one inventory snapshot,
-//! once with the default placement policy run natively and once as its WebAssembly
-//! component (on warm instances, as the server runs it), and prints decisions
-//! per second, p50/p99 per decision and the ratio.
+//! `orl bench placement`: replays one stream of requests against one inventory snapshot
+//! with the default placement policy run natively and as its WebAssembly component (on warm
+//! instances, as the server runs it), and prints decisions per second, p50/p99 per decision
+//! and the ratio.
+//!
+//! The two paths take turns decision by decision (alternating which goes first), so that a
+//! machine that slows down or speeds up during a run weighs on both alike.
 
 use std::time::{Duration, Instant};
 
@@ -20,9 +23,12 @@ pub struct PlacementBench {
     /// Node counts to measure (8 GPUs each, two NVLink domains of 4).
     #[arg(long, value_delimiter = ',', default_values_t = vec![500, 5_000, 20_000])]
     pub nodes: Vec<usize>,
-    /// Decisions per run.
+    /// Requests in the stream.
     #[arg(long, default_value_t = 500)]
     pub requests: usize,
+    /// Times the stream is replayed; every decision of every round is counted.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
 }
 
 /// A snapshot of `count` nodes of 8 H100s in two NVLink domains, each unit busy with
@@ -73,6 +79,7 @@ pub fn requests(count: usize, rng: &mut StdRng) -> Vec<PlacementRequest> {
         .collect()
 }
 
+#[derive(Default)]
 struct Run {
     per_decision: Vec<Duration>,
 }
@@ -91,19 +98,32 @@ impl Run {
     fn per_second(&self) -> f64 {
         self.per_decision.len() as f64 / self.total().as_secs_f64()
     }
+
+    fn time(&mut self, decide: impl FnOnce() -> bool) {
+        let started = Instant::now();
+        assert!(decide(), "every benchmark request fits the snapshot");
+        self.per_decision.push(started.elapsed());
+    }
 }
 
+/// Times every request of `requests`, `rounds` times, on both paths in turn.
 fn measure(
     requests: &[PlacementRequest],
-    mut decide: impl FnMut(&PlacementRequest) -> bool,
-) -> Run {
-    let mut per_decision = Vec::with_capacity(requests.len());
-    for request in requests {
-        let started = Instant::now();
-        assert!(decide(request), "every benchmark request fits the snapshot");
-        per_decision.push(started.elapsed());
+    rounds: usize,
+    mut native: impl FnMut(&PlacementRequest) -> bool,
+    mut wasm: impl FnMut(&PlacementRequest) -> bool,
+) -> (Run, Run) {
+    let (mut native_run, mut wasm_run) = (Run::default(), Run::default());
+    for (i, request) in std::iter::repeat_n(requests, rounds).flatten().enumerate() {
+        if i % 2 == 0 {
+            native_run.time(|| native(request));
+            wasm_run.time(|| wasm(request));
+        } else {
+            wasm_run.time(|| wasm(request));
+            native_run.time(|| native(request));
+        }
     }
-    Run { per_decision }
+    (native_run, wasm_run)
 }
 
 pub fn run(args: PlacementBench) -> anyhow::Result<()> {
@@ -111,8 +131,9 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
     let host = PolicyHost::new(dir.path())?;
     let component = host.default_placer();
     println!(
-        "placement: default policy, native vs WebAssembly component ({} decisions per run)",
-        args.requests
+        "placement: default policy, native vs WebAssembly component \
+         ({} requests x {} rounds, the two in turn)",
+        args.requests, args.rounds
     );
     println!(
         "{:>7} {:>10} | {:>12} {:>10} {:>10} | {:>12} {:>10} {:>10} | {:>6}",
@@ -126,14 +147,16 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
         // Warm both paths once.
         let _ = NativeDefault.place(&stream[0], &nodes);
         let _ = host.place(&component, &stream[0], &nodes, None, 60_000);
-        let native = measure(&stream, |r| NativeDefault.place(r, &nodes).is_ok());
-        let wasm = measure(&stream, |r| {
-            match host.place(&component, r, &nodes, None, 60_000) {
+        let (native, wasm) = measure(
+            &stream,
+            args.rounds.max(1),
+            |r| NativeDefault.place(r, &nodes).is_ok(),
+            |r| match host.place(&component, r, &nodes, None, 60_000) {
                 Ok(Ok(_)) => true,
                 Ok(Err(reason)) => panic!("unschedulable: {reason}"),
                 Err(failure) => panic!("the component failed: {failure:?}"),
-            }
-        });
+            },
+        );
         println!(
             "{:>7} {:>10} | {:>12.0} {:>10.3?} {:>10.3?} | {:>12.0} {:>10.3?} {:>10.3?} | {:>5.2}x",
             count,
