@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -15,7 +16,7 @@ use crate::booking::placement::{
     CandidateUnit, Candidates, DeviceAsk, DomainLoad, NativeDefault, PlacementRequest, Placer,
     PolicyClass,
 };
-use crate::policy::PolicyHost;
+use crate::policy::{PolicyHost, World};
 
 /// Options of `orl bench placement`.
 #[derive(Debug, clap::Args)]
@@ -29,6 +30,10 @@ pub struct PlacementBench {
     /// Times the stream is replayed; every decision of every round is counted.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// A placement component to measure instead of the built-in default (a `.wasm` file
+    /// implementing the `placer` world); native is always the built-in default.
+    #[arg(long)]
+    pub component: Option<std::path::PathBuf>,
 }
 
 /// A snapshot of `count` nodes of 8 H100s in two NVLink domains, each unit busy with
@@ -129,7 +134,23 @@ fn measure(
 pub fn run(args: PlacementBench) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let host = PolicyHost::new(dir.path())?;
-    let component = host.default_placer();
+    let component = match &args.component {
+        None => host.default_placer(),
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let loaded = host
+                .load(&bytes)
+                .map_err(|f| anyhow::anyhow!("{}: {}", path.display(), f.message))?;
+            anyhow::ensure!(
+                loaded.world == World::Placer,
+                "{} is a {} component, not a placer",
+                path.display(),
+                loaded.world.as_str()
+            );
+            loaded
+        }
+    };
     println!(
         "placement: default policy, native vs WebAssembly component \
          ({} requests x {} rounds, the two in turn)",

@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{Component, Linker, ResourceTable, TypedFunc};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
 };
@@ -412,9 +412,21 @@ impl PolicyHost {
         // The start of an instance counts against the deadline of its first decision only
         // through the call below; instantiation itself gets a generous one.
         store.set_epoch_deadline(1_000);
+        // The exports the host calls with its own borrowed types are checked against those
+        // types here, once per instance, so that a decision need not (see `place_export`).
         let bound = match &loaded.pre {
-            Pre::Placer(pre) => Bound::Placer(pre.instantiate(&mut store)?),
-            Pre::Preemptor(pre) => Bound::Preemptor(pre.instantiate(&mut store)?),
+            Pre::Placer(pre) => {
+                let placer = pre.instantiate(&mut store)?;
+                (placer.func_place().func())
+                    .typed::<placer::PlaceParams<'_>, placer::PlaceResults>(&store)?;
+                Bound::Placer(placer)
+            }
+            Pre::Preemptor(pre) => {
+                let preemptor = pre.instantiate(&mut store)?;
+                (preemptor.func_choose_victims().func())
+                    .typed::<placer::VictimsParams<'_>, placer::VictimsResults>(&store)?;
+                Bound::Preemptor(preemptor)
+            }
             Pre::SpendGuard(pre) => Bound::SpendGuard(pre.instantiate(&mut store)?),
         };
         Ok(Warm { store, bound })
@@ -501,15 +513,7 @@ impl PolicyHost {
         let req = placer::request_to_wit(request);
         let candidates = placer::CandidatesRef::of(candidates);
         let answer = self.run(loaded, config, deadline_ms, |store, bound| match bound {
-            Bound::Placer(placer) => {
-                let place = placer.func_place().func().typed::<(
-                    &wit::Request,
-                    &placer::CandidatesRef<'_>,
-                ), (Result<wit::Placement, String>,)>(
-                    &*store
-                )?;
-                Ok(place.call(store, (&req, &candidates))?.0)
-            }
+            Bound::Placer(placer) => Ok(place_export(placer).call(store, (&req, &candidates))?.0),
             _ => Err(wasmtime::Error::msg("the plugin is not a placer")),
         })?;
         Ok(answer.map(|p| orl_placer_default::Placement {
@@ -533,16 +537,9 @@ impl PolicyHost {
         let candidates = placer::CandidatesRef::of(candidates);
         let spot: Vec<_> = spot.iter().map(placer::spot_to_wit).collect();
         self.run(loaded, config, deadline_ms, |store, bound| match bound {
-            Bound::Preemptor(preemptor) => {
-                let choose = preemptor.func_choose_victims().func().typed::<(
-                    &wit::Request,
-                    &placer::CandidatesRef<'_>,
-                    &[wit::SpotBooking],
-                ), (Result<Vec<u32>, String>,)>(
-                    &*store
-                )?;
-                Ok(choose.call(store, (&req, &candidates, &spot))?.0)
-            }
+            Bound::Preemptor(preemptor) => Ok(victims_export(preemptor)
+                .call(store, (&req, &candidates, &spot))?
+                .0),
             _ => Err(wasmtime::Error::msg("the plugin is not a preemptor")),
         })
     }
@@ -577,6 +574,26 @@ impl PolicyHost {
 }
 
 /// Loads a precompiled component this process's engine wrote.
+/// The `place` export of `placer` typed for the host's borrowed columns, without checking its
+/// type again: every [`Bound::Placer`] comes from `instantiate`, which checked it against
+/// these types (up to lifetimes). The generated bindings call their exports the same way.
+#[allow(unsafe_code)]
+fn place_export(
+    placer: &bindings::placer::Placer,
+) -> TypedFunc<placer::PlaceParams<'_>, placer::PlaceResults> {
+    // SAFETY: see above; `instantiate` refuses an instance whose check fails.
+    unsafe { TypedFunc::new_unchecked(*placer.func_place().func()) }
+}
+
+/// The `choose-victims` export of `preemptor`, as [`place_export`] for a placer.
+#[allow(unsafe_code)]
+fn victims_export(
+    preemptor: &bindings::preemptor::Preemptor,
+) -> TypedFunc<placer::VictimsParams<'_>, placer::VictimsResults> {
+    // SAFETY: as in `place_export`.
+    unsafe { TypedFunc::new_unchecked(*preemptor.func_choose_victims().func()) }
+}
+
 #[allow(unsafe_code)]
 fn deserialize(engine: &Engine, path: &Path) -> anyhow::Result<Component> {
     // SAFETY: the file is an artifact of `Engine::precompile_component`, written by this

@@ -131,6 +131,18 @@ pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wi
     }
 }
 
+/// The parameters of the `place` export as the host lowers them, and its results.
+pub(super) type PlaceParams<'a> = (&'a wit::Request, &'a CandidatesRef<'a>);
+pub(super) type PlaceResults = (Result<wit::Placement, String>,);
+
+/// The parameters of the preemptor's `choose-victims` export, and its results.
+pub(super) type VictimsParams<'a> = (
+    &'a wit::Request,
+    &'a CandidatesRef<'a>,
+    &'a [wit::SpotBooking],
+);
+pub(super) type VictimsResults = (Result<Vec<u32>, String>,);
+
 /// The WIT `candidates` record borrowed from the columns of [`Candidates`]: a call lowers
 /// each column into the plugin's memory as one copy, with no conversion on the host.
 #[derive(ComponentType, Lower)]

@@ -1,6 +1,7 @@
 //! The search for the best placement of a request on one node, and the score that ranks
 //! nodes against each other.
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 
 use crate::{DeviceRequest, NO_DOMAIN, NodeView, Placement, Request};
@@ -44,28 +45,43 @@ pub(crate) struct Scratch {
     /// Per `nvlink_all` entry (by depth), the domains still to try.
     domains: Vec<Vec<(u32, u32)>>,
     /// The node's domains as bit masks, for a request with one entry.
-    masks: Vec<single::Domain>,
-    /// The units of each domain with an id below 64, for a request with one entry.
-    table: Vec<u64>,
+    groups: single::Groups,
     /// The units the one-entry path chose on the node it looked at last (bit `k` for local
     /// unit `k`); `None` when the general search did.
     single: Option<u64>,
 }
 
 impl Scratch {
-    /// Prepares the buffers for `req`.
+    /// Buffers prepared for `req`.
     pub(crate) fn new(req: &Request) -> Scratch {
-        Scratch {
-            order: entry_order(req),
-            chosen: vec![Vec::new(); req.devices.len()],
-            table: vec![0; single::TABLE],
-            ..Scratch::default()
+        let mut scratch = Scratch::default();
+        scratch.prepare(req);
+        scratch
+    }
+
+    /// Runs `f` with this thread's buffers prepared for `req`: they keep what they grew to
+    /// from one decision to the next.
+    pub(crate) fn with<R>(req: &Request, f: impl FnOnce(&mut Scratch) -> R) -> R {
+        thread_local! {
+            static SCRATCH: RefCell<Scratch> = RefCell::default();
         }
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.prepare(req);
+            f(scratch)
+        })
+    }
+
+    fn prepare(&mut self, req: &Request) {
+        entry_order(req, &mut self.order);
+        self.chosen.resize_with(req.devices.len(), Vec::new);
+        self.chosen.iter_mut().for_each(Vec::clear);
+        self.single = None;
     }
 }
 
 /// How well `req` fits on `node`, or `None` when it does not fit there. The units chosen
 /// are left in `scratch` for [`placement`].
+#[inline]
 pub(crate) fn best_on(req: &Request, node: &NodeView<'_>, scratch: &mut Scratch) -> Option<Score> {
     if let [entry_index] = scratch.order[..]
         && node.free_len() <= single::MAX_UNITS
@@ -179,14 +195,13 @@ pub(crate) fn could_fit(req: &Request, node: &NodeView<'_>) -> bool {
     })
 }
 
-/// The order entries are satisfied in: `nvlink_all` entries first, largest first (they are
+/// Fills `order` with the order entries are satisfied in: `nvlink_all` entries first, largest first (they are
 /// the hardest to fit and the only ones with a choice to revisit), then entries pinned to a
 /// model, then the rest, so an entry that accepts any model never takes the units a pinned
 /// one needs. Entries asking for nothing are left out.
-fn entry_order(req: &Request) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..req.devices.len())
-        .filter(|&i| req.devices[i].count > 0)
-        .collect();
+fn entry_order(req: &Request, order: &mut Vec<usize>) {
+    order.clear();
+    order.extend((0..req.devices.len()).filter(|&i| req.devices[i].count > 0));
     order.sort_by_key(|&i| {
         let d = &req.devices[i];
         (
@@ -196,7 +211,6 @@ fn entry_order(req: &Request) -> Vec<usize> {
             i,
         )
     });
-    order
 }
 
 struct Search<'s, 'a> {

@@ -385,42 +385,100 @@ impl Candidates {
 
     /// Node `j` (a position) with its runs resolved; `None` past the last node. A run that
     /// reaches past the end of its columns resolves to nothing.
-    #[inline]
     pub fn view(&self, j: usize) -> Option<NodeView<'_>> {
-        let nodes = &self.nodes;
-        let run = |start: &[u32], len: &[u32], columns: usize| {
-            let start = *start.get(j)? as usize;
-            let end = start + *len.get(j)? as usize;
-            Some(if end <= columns { start..end } else { 0..0 })
-        };
-        let free = run(&nodes.free_start, &nodes.free_len, self.units.columns_len())?;
-        let domains = run(
-            &nodes.domains_start,
-            &nodes.domains_len,
-            self.domains.columns_len(),
-        )?;
-        Some(NodeView {
-            id: *nodes.id.get(j)?,
-            busy_units: *nodes.busy_units.get(j)?,
-            total_units: *nodes.total_units.get(j)?,
-            first: free.start as u32,
-            class: &self.units.class[free.clone()],
-            model: &self.units.model[free.clone()],
-            nvlink_domain: &self.units.nvlink_domain[free],
-            domain: &self.domains.domain[domains.clone()],
-            domain_busy: &self.domains.busy[domains],
-        })
+        Cut::new(self).view(j)
     }
 
     /// Every node with its runs resolved, in order.
     pub fn views(&self) -> impl Iterator<Item = NodeView<'_>> {
-        (0..self.nodes.len()).filter_map(|j| self.view(j))
+        let cut = Cut::new(self);
+        (0..cut.id.len()).filter_map(move |j| cut.view(j))
     }
 
     /// The node whose id is `id`, with its runs resolved.
     pub fn find(&self, id: u32) -> Option<NodeView<'_>> {
         let j = self.nodes.id.iter().position(|n| *n == id)?;
         self.view(j)
+    }
+}
+
+/// The columns of one call cut to the lengths they share (a caller may have made them
+/// differ), so that resolving a node checks only its own runs.
+struct Cut<'a> {
+    id: &'a [u32],
+    busy_units: &'a [u32],
+    total_units: &'a [u32],
+    domains_start: &'a [u32],
+    domains_len: &'a [u32],
+    free_start: &'a [u32],
+    free_len: &'a [u32],
+    class: &'a [u8],
+    model: &'a [u32],
+    nvlink_domain: &'a [u32],
+    domain: &'a [u32],
+    domain_busy: &'a [u32],
+}
+
+impl<'a> Cut<'a> {
+    fn new(candidates: &'a Candidates) -> Self {
+        let Candidates {
+            nodes,
+            units,
+            domains,
+        } = candidates;
+        let n = (nodes.id.len())
+            .min(nodes.busy_units.len())
+            .min(nodes.total_units.len())
+            .min(nodes.domains_start.len())
+            .min(nodes.domains_len.len())
+            .min(nodes.free_start.len())
+            .min(nodes.free_len.len());
+        let u = units.columns_len();
+        let d = domains.columns_len();
+        Cut {
+            id: &nodes.id[..n],
+            busy_units: &nodes.busy_units[..n],
+            total_units: &nodes.total_units[..n],
+            domains_start: &nodes.domains_start[..n],
+            domains_len: &nodes.domains_len[..n],
+            free_start: &nodes.free_start[..n],
+            free_len: &nodes.free_len[..n],
+            class: &units.class[..u],
+            model: &units.model[..u],
+            nvlink_domain: &units.nvlink_domain[..u],
+            domain: &domains.domain[..d],
+            domain_busy: &domains.busy[..d],
+        }
+    }
+
+    #[inline(always)]
+    fn view(&self, j: usize) -> Option<NodeView<'a>> {
+        // A run past the end of its columns (or past `usize`) resolves to nothing.
+        let run = |start: u32, len: u32, columns: usize| {
+            let start = start as usize;
+            match start.checked_add(len as usize) {
+                Some(end) if end <= columns => start..end,
+                _ => 0..0,
+            }
+        };
+        let free = run(*self.free_start.get(j)?, self.free_len[j], self.class.len());
+        let domains = run(
+            self.domains_start[j],
+            self.domains_len[j],
+            self.domain.len(),
+        );
+        Some(NodeView {
+            id: self.id[j],
+            busy_units: self.busy_units[j],
+            total_units: self.total_units[j],
+            first: free.start as u32,
+            class: &self.class[free.clone()],
+            class_to_end: &self.class[free.start..],
+            model: &self.model[free.clone()],
+            nvlink_domain: &self.nvlink_domain[free],
+            domain: &self.domain[domains.clone()],
+            domain_busy: &self.domain_busy[domains],
+        })
     }
 }
 
@@ -439,6 +497,9 @@ pub struct NodeView<'a> {
     pub first: u32,
     /// The class codes of the free units.
     pub class: &'a [u8],
+    /// The class codes from the first free unit to the end of the column, so they can be
+    /// read a word at a time.
+    class_to_end: &'a [u8],
     /// The models of the free units.
     pub model: &'a [u32],
     /// The NVLink domains of the free units ([`NO_DOMAIN`] for none).
@@ -578,19 +639,20 @@ pub fn place(req: &Request, candidates: &Candidates) -> Result<Placement, Unsche
     if req.unit_count() == 0 {
         return Err(Unschedulable::new("the request asks for no devices"));
     }
-    let mut scratch = fit::Scratch::new(req);
-    let mut best: Option<(fit::Score, NodeView<'_>)> = None;
-    for node in candidates.views() {
-        if let Some(score) = fit::best_on(req, &node, &mut scratch)
-            && best.as_ref().is_none_or(|(b, _)| score < *b)
-        {
-            best = Some((score, node));
+    fit::Scratch::with(req, |scratch| {
+        let mut best: Option<(fit::Score, NodeView<'_>)> = None;
+        for node in candidates.views() {
+            if let Some(score) = fit::best_on(req, &node, scratch)
+                && best.as_ref().is_none_or(|(b, _)| score < *b)
+            {
+                best = Some((score, node));
+            }
         }
-    }
-    let (_, node) =
-        best.ok_or_else(|| Unschedulable::new(reason::no_node_fits(req, candidates)))?;
-    fit::best_on(req, &node, &mut scratch).expect("the best node still fits");
-    Ok(fit::placement(&node, &scratch))
+        let (_, node) =
+            best.ok_or_else(|| Unschedulable::new(reason::no_node_fits(req, candidates)))?;
+        fit::best_on(req, &node, scratch).expect("the best node still fits");
+        Ok(fit::placement(&node, scratch))
+    })
 }
 
 /// The placement [`place`] would choose for `req` if `node` were the only candidate, or

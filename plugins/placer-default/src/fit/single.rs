@@ -12,10 +12,10 @@ pub(crate) const MAX_UNITS: usize = 64;
 
 /// Domains with ids below this are grouped in a table rather than a list (at most 64: one
 /// bit each in a mask of the domains seen).
-pub(crate) const TABLE: usize = 64;
+const TABLE: usize = 64;
 
 /// One NVLink domain of the node: its id, the entry's units in it, and its busy units.
-pub(crate) struct Domain {
+struct Domain {
     id: u32,
     units: u64,
     busy: u32,
@@ -35,6 +35,105 @@ impl Domain {
     }
 }
 
+/// The matching units of one node grouped by NVLink domain; reused from node to node.
+pub(crate) struct Groups {
+    /// The units of each domain with an id below [`TABLE`], valid where the node's `seen`
+    /// mask says it was written for that node.
+    table: [u64; TABLE],
+    /// The domains with matching units: the first `len` entries. A node has at most
+    /// [`MAX_UNITS`] free units, so at most as many domains.
+    domains: [Domain; MAX_UNITS],
+    len: usize,
+}
+
+impl Default for Groups {
+    fn default() -> Self {
+        Groups {
+            table: [0; TABLE],
+            domains: std::array::from_fn(|_| Domain {
+                id: 0,
+                units: 0,
+                busy: 0,
+            }),
+            len: 0,
+        }
+    }
+}
+
+impl Groups {
+    /// Groups the units of `matching` by domain into [`domains`](Self::domains), answering
+    /// the units outside any domain. Kept out of line, like [`matching`], and without a call
+    /// in its loop, so that the loop keeps its few values in registers.
+    #[inline(never)]
+    fn group(&mut self, node: &NodeView<'_>, matching: u64) -> u64 {
+        self.len = 0;
+        // Domains with an id below 64 (the usual case) go to the table, with `seen` marking
+        // the entries written for this node; units with larger ids or none are set aside.
+        let mut seen = 0u64;
+        let mut large = 0u64;
+        let mut rest = matching;
+        while rest != 0 {
+            let k = rest.trailing_zeros();
+            let bit = 1u64 << k;
+            rest &= rest - 1;
+            let id = node.nvlink_domain[k as usize];
+            if let Some(slot) = self.table.get_mut(id as usize) {
+                // Keep what the entry holds only when it was written for this node.
+                let kept = 0u64.wrapping_sub((seen >> id) & 1);
+                *slot = (*slot & kept) | bit;
+                seen |= 1 << id;
+            } else {
+                large |= bit;
+            }
+        }
+        while seen != 0 {
+            let id = seen.trailing_zeros();
+            seen &= seen - 1;
+            self.push(node, id, self.table[id as usize]);
+        }
+        if large == 0 {
+            0
+        } else {
+            self.group_large(node, large)
+        }
+    }
+
+    /// Groups the units of `large`, whose domain ids are too large for the table or
+    /// [`NO_DOMAIN`], answering those outside any domain.
+    #[cold]
+    fn group_large(&mut self, node: &NodeView<'_>, large: u64) -> u64 {
+        let mut outside = 0u64;
+        let mut rest = large;
+        while rest != 0 {
+            let k = rest.trailing_zeros();
+            let bit = 1u64 << k;
+            rest &= rest - 1;
+            let id = node.nvlink_domain[k as usize];
+            if id == NO_DOMAIN {
+                outside |= bit;
+            } else if let Some(domain) = self.domains_mut().iter_mut().find(|d| d.id == id) {
+                domain.units |= bit;
+            } else {
+                self.push(node, id, bit);
+            }
+        }
+        outside
+    }
+
+    fn push(&mut self, node: &NodeView<'_>, id: u32, units: u64) {
+        self.domains[self.len] = Domain {
+            id,
+            units,
+            busy: node.domain_busy(id),
+        };
+        self.len += 1;
+    }
+
+    fn domains_mut(&mut self) -> &mut [Domain] {
+        &mut self.domains[..self.len]
+    }
+}
+
 /// The best placement of `entry` (the request's only entry) on `node`, which has at most
 /// [`MAX_UNITS`] free units; the chosen units go to `scratch.single`.
 pub(crate) fn best_on(
@@ -47,44 +146,9 @@ pub(crate) fn best_on(
     if matching.count_ones() < count {
         return None;
     }
-    let mut outside = 0u64;
-    // Domains with an id below 64 (the usual case) are grouped in a table, with `seen`
-    // marking the entries written for this node; others in the list.
-    let mut seen = 0u64;
-    let table = &mut scratch.table;
-    let domains = &mut scratch.masks;
-    domains.clear();
-    let mut rest = matching;
-    while rest != 0 {
-        let bit = rest & rest.wrapping_neg();
-        rest ^= bit;
-        let id = node.nvlink_domain[bit.trailing_zeros() as usize];
-        if let Some(entry) = table.get_mut(id as usize) {
-            // Keep what the entry holds only when it was written for this node.
-            let kept = 0u64.wrapping_sub((seen >> id) & 1);
-            *entry = (*entry & kept) | bit;
-            seen |= 1 << id;
-        } else if id == NO_DOMAIN {
-            outside |= bit;
-        } else if let Some(domain) = domains.iter_mut().find(|d| d.id == id) {
-            domain.units |= bit;
-        } else {
-            domains.push(Domain {
-                id,
-                units: bit,
-                busy: node.domain_busy(id),
-            });
-        }
-    }
-    while seen != 0 {
-        let id = seen.trailing_zeros();
-        seen &= seen - 1;
-        domains.push(Domain {
-            id,
-            units: table[id as usize],
-            busy: node.domain_busy(id),
-        });
-    }
+    let groups = &mut scratch.groups;
+    let outside = groups.group(node, matching);
+    let mut domains = groups.domains_mut();
     let (chosen, nvlink_free, idle_domains_touched) = if entry.nvlink_all {
         let best = domains
             .iter()
@@ -104,9 +168,13 @@ pub(crate) fn best_on(
             let Some(next) = (0..domains.len()).min_by_key(|&i| domains[i].packing_key()) else {
                 break;
             };
-            let domain = domains.swap_remove(next);
-            chosen |= lowest(domain.units, count - chosen.count_ones());
-            idle += u32::from(domain.busy == 0);
+            // Set the domain taken aside at the end, out of the slice.
+            let last = domains.len() - 1;
+            domains.swap(next, last);
+            let (rest, taken) = domains.split_at_mut(last);
+            domains = rest;
+            chosen |= lowest(taken[0].units, count - chosen.count_ones());
+            idle += u32::from(taken[0].busy == 0);
         }
         (chosen, 0, idle)
     };
@@ -120,25 +188,67 @@ pub(crate) fn best_on(
 }
 
 /// The free units of `node` that `entry` accepts, as a mask (bit `k` for local unit `k`).
-/// One branch-free pass over the class (and model) columns. Kept out of line: compiled to
-/// WebAssembly and then by Cranelift, the small loop on its own keeps its values in registers.
+/// The class codes are compared eight at a time, as the bytes of one word; the model, when
+/// the entry names one, is then checked on the units that remain. Kept out of line: compiled
+/// to WebAssembly and then by Cranelift, the small loop on its own keeps its values in
+/// registers.
 #[inline(never)]
 fn matching(entry: &DeviceRequest, node: &NodeView<'_>) -> u64 {
+    let len = node.free_len();
     let class = entry.class.code();
     let mut mask = 0u64;
-    match entry.model {
-        None => {
-            for (k, &c) in node.class.iter().enumerate() {
-                mask |= u64::from(c == class) << k;
-            }
-        }
-        Some(model) => {
-            for (k, (&c, &m)) in node.class.iter().zip(node.model).enumerate() {
-                mask |= u64::from((c == class) & (m == model)) << k;
+    let mut k = 0;
+    while k < len {
+        mask |= u64::from(equal_bytes(word_at(node.class_to_end, k), class)) << k;
+        k += 8;
+    }
+    if len < 64 {
+        // The words run past the node's units.
+        mask &= (1 << len) - 1;
+    }
+    if let Some(model) = entry.model {
+        let mut rest = mask;
+        while rest != 0 {
+            let k = rest.trailing_zeros();
+            rest &= rest - 1;
+            if node.model[k as usize] != model {
+                mask &= !(1 << k);
             }
         }
     }
     mask
+}
+
+/// The eight bytes of `bytes` from `k` as a little-endian word, zero past the end.
+#[inline(always)]
+fn word_at(bytes: &[u8], k: usize) -> u64 {
+    match bytes.get(k..k + 8) {
+        Some(word) => u64::from_le_bytes(word.try_into().expect("eight bytes")),
+        None => word_at_end(bytes, k),
+    }
+}
+
+/// [`word_at`] for the last bytes of a column, fewer than eight.
+#[cold]
+#[inline(never)]
+fn word_at_end(bytes: &[u8], k: usize) -> u64 {
+    let mut word = [0u8; 8];
+    let tail = bytes.get(k..).unwrap_or_default();
+    word[..tail.len()].copy_from_slice(tail);
+    u64::from_le_bytes(word)
+}
+
+/// Bit `i` set where byte `i` of `word` equals `byte`.
+fn equal_bytes(word: u64, byte: u8) -> u8 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let diff = word ^ (u64::from(byte) * 0x0101_0101_0101_0101);
+    // The high bit of each byte: set where the byte of `diff` is zero. Adding 0x7f to the
+    // low seven bits carries into the high bit exactly when they are not all zero, and never
+    // into the next byte.
+    let zero = !(((diff & LOW7) + LOW7) | diff) & HIGH;
+    // Gather the eight high bits, bit 8i + 7 to bit 56 + i, and keep the top byte.
+    ((zero >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
 }
 
 /// The `count` lowest set bits of `mask` (all of them when it has fewer).
@@ -161,7 +271,29 @@ fn lowest(mask: u64, count: u32) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::lowest;
+    use super::{equal_bytes, lowest, word_at};
+
+    #[test]
+    fn equal_bytes_marks_each_byte_equal_to_the_one_asked_for() {
+        for byte in [0u8, 1, 2, 5, 0x7f, 0x80, 0xff] {
+            for word in [0u64, u64::MAX, 0x0001_0200_05ff_7f80, 0x8000_0000_0000_0001] {
+                let expected = (0..8)
+                    .filter(|i| (word >> (8 * i)) as u8 == byte)
+                    .fold(0u8, |mask, i| mask | 1 << i);
+                assert_eq!(equal_bytes(word, byte), expected, "{word:#x} {byte}");
+            }
+        }
+    }
+
+    #[test]
+    fn word_at_reads_eight_bytes_and_zeroes_past_the_end() {
+        let bytes = [1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        assert_eq!(word_at(&bytes, 0), 0x0807_0605_0403_0201);
+        assert_eq!(word_at(&bytes, 2), 0x0a09_0807_0605_0403);
+        assert_eq!(word_at(&bytes, 8), 0x0a09);
+        assert_eq!(word_at(&bytes, 10), 0);
+        assert_eq!(word_at(&bytes, 12), 0);
+    }
 
     #[test]
     fn lowest_takes_the_lowest_set_bits() {
