@@ -386,13 +386,14 @@ impl Candidates {
     /// Node `j` (a position) with its runs resolved; `None` past the last node. A run that
     /// reaches past the end of its columns resolves to nothing.
     pub fn view(&self, j: usize) -> Option<NodeView<'_>> {
-        Cut::new(self).view(j)
+        let cut = Cut::new(self);
+        (j < cut.len()).then(|| cut.view(j))
     }
 
     /// Every node with its runs resolved, in order.
     pub fn views(&self) -> impl Iterator<Item = NodeView<'_>> {
         let cut = Cut::new(self);
-        (0..cut.id.len()).filter_map(move |j| cut.view(j))
+        (0..cut.len()).map(move |j| cut.view(j))
     }
 
     /// The node whose id is `id`, with its runs resolved.
@@ -451,8 +452,14 @@ impl<'a> Cut<'a> {
         }
     }
 
+    /// How many nodes there are.
+    fn len(&self) -> usize {
+        self.id.len()
+    }
+
+    /// Node `j`, which must be below [`len`](Self::len).
     #[inline(always)]
-    fn view(&self, j: usize) -> Option<NodeView<'a>> {
+    fn view(&self, j: usize) -> NodeView<'a> {
         // A run past the end of its columns (or past `usize`) resolves to nothing.
         let run = |start: u32, len: u32, columns: usize| {
             let start = start as usize;
@@ -461,13 +468,13 @@ impl<'a> Cut<'a> {
                 _ => 0..0,
             }
         };
-        let free = run(*self.free_start.get(j)?, self.free_len[j], self.class.len());
+        let free = run(self.free_start[j], self.free_len[j], self.class.len());
         let domains = run(
             self.domains_start[j],
             self.domains_len[j],
             self.domain.len(),
         );
-        Some(NodeView {
+        NodeView {
             id: self.id[j],
             busy_units: self.busy_units[j],
             total_units: self.total_units[j],
@@ -478,7 +485,7 @@ impl<'a> Cut<'a> {
             nvlink_domain: &self.nvlink_domain[free],
             domain: &self.domain[domains.clone()],
             domain_busy: &self.domain_busy[domains],
-        })
+        }
     }
 }
 
@@ -641,7 +648,10 @@ pub fn place(req: &Request, candidates: &Candidates) -> Result<Placement, Unsche
     }
     fit::Scratch::with(req, |scratch| {
         let mut best: Option<(fit::Score, NodeView<'_>)> = None;
-        for node in candidates.views() {
+        // The columns are cut here, in this function, so that a node's are read unchecked.
+        let cut = Cut::new(candidates);
+        for j in 0..cut.len() {
+            let node = cut.view(j);
             if let Some(score) = fit::best_on(req, &node, scratch)
                 && best.as_ref().is_none_or(|(b, _)| score < *b)
             {
