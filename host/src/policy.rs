@@ -181,16 +181,49 @@ struct Warm {
     bound: Bound,
 }
 
-/// Warm instances are keyed by plugin id and config (as compact JSON; empty for none), so
-/// that a decision on a warm instance touches no file.
-type WarmKey = (String, String);
+/// The idle warm instances by plugin id, then config (as compact JSON; empty for none), so
+/// that a decision on a warm instance touches no file and looks its key up without copying.
+#[derive(Default)]
+struct Idle {
+    by_plugin: HashMap<String, HashMap<String, Vec<Warm>>>,
+    count: usize,
+}
+
+impl Idle {
+    fn take(&mut self, plugin: &str, config: &str) -> Option<Warm> {
+        let warm = self.by_plugin.get_mut(plugin)?.get_mut(config)?.pop()?;
+        self.count -= 1;
+        Some(warm)
+    }
+
+    /// Keeps `warm` unless as many are kept for its key, or in all, as the limits allow.
+    fn put(&mut self, plugin: &str, config: &str, warm: Warm) {
+        if self.count >= IDLE_TOTAL {
+            return;
+        }
+        if let Some(kept) = self
+            .by_plugin
+            .get_mut(plugin)
+            .and_then(|c| c.get_mut(config))
+        {
+            if kept.len() < IDLE_PER_KEY {
+                kept.push(warm);
+                self.count += 1;
+            }
+            return;
+        }
+        (self.by_plugin.entry(plugin.to_owned()).or_default())
+            .insert(config.to_owned(), vec![warm]);
+        self.count += 1;
+    }
+}
 
 /// The runtime: engine, linker, and the compiled plugins.
 pub struct PolicyHost {
     engine: Engine,
     linker: Linker<PluginState>,
     loaded: Mutex<HashMap<String, Arc<Loaded>>>,
-    idle: Mutex<HashMap<WarmKey, Vec<Warm>>>,
+    idle: Mutex<Idle>,
     /// Where precompiled components are kept; `None` when profiling, because `perf` names
     /// guest functions only in code compiled in memory.
     cache_dir: Option<PathBuf>,
@@ -260,7 +293,7 @@ impl PolicyHost {
             engine,
             linker,
             loaded: Mutex::new(HashMap::new()),
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(Idle::default()),
             cache_dir: (!profiling).then_some(cache_dir),
             config_root,
             defaults: std::sync::OnceLock::new(),
@@ -450,13 +483,7 @@ impl PolicyHost {
         let prepare =
             |e: anyhow::Error| fail(FailureKind::Trap, format!("preparing the instance: {e:#}"));
         let config_key = config.map(serde_json::Value::to_string).unwrap_or_default();
-        let key = (loaded.id.clone(), config_key);
-        let idle = self
-            .idle
-            .lock()
-            .expect("idle instances")
-            .get_mut(&key)
-            .and_then(Vec::pop);
+        let idle = (self.idle.lock().expect("idle instances")).take(&loaded.id, &config_key);
         let mut warm = match idle {
             Some(warm) => warm,
             None => {
@@ -469,12 +496,7 @@ impl PolicyHost {
         let Warm { store, bound } = &mut warm;
         match call(store, bound) {
             Ok(answer) => {
-                let mut idle = self.idle.lock().expect("idle instances");
-                let total: usize = idle.values().map(Vec::len).sum();
-                let kept = idle.entry(key).or_default();
-                if kept.len() < IDLE_PER_KEY && total < IDLE_TOTAL {
-                    kept.push(warm);
-                }
+                (self.idle.lock().expect("idle instances")).put(&loaded.id, &config_key, warm);
                 Ok(answer)
             }
             Err(err) => {

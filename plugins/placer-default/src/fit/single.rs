@@ -37,9 +37,10 @@ impl Domain {
 
 /// The matching units of one node grouped by NVLink domain; reused from node to node.
 pub(crate) struct Groups {
-    /// The units of each domain with an id below [`TABLE`], valid where the node's `seen`
-    /// mask says it was written for that node.
+    /// The units of each domain with an id below [`TABLE`]; empty between nodes.
     table: [u64; TABLE],
+    /// The units whose domain id is too large for the table, or none.
+    large: u64,
     /// The domains with matching units: the first `len` entries. A node has at most
     /// [`MAX_UNITS`] free units, so at most as many domains.
     domains: [Domain; MAX_UNITS],
@@ -50,6 +51,7 @@ impl Default for Groups {
     fn default() -> Self {
         Groups {
             table: [0; TABLE],
+            large: 0,
             domains: std::array::from_fn(|_| Domain {
                 id: 0,
                 units: 0,
@@ -67,10 +69,10 @@ impl Groups {
     #[inline(never)]
     fn group(&mut self, node: &NodeView<'_>, matching: u64) -> u64 {
         self.len = 0;
+        self.large = 0;
         // Domains with an id below 64 (the usual case) go to the table, with `seen` marking
-        // the entries written for this node; units with larger ids or none are set aside.
+        // the entries written; units with larger ids or none are set aside.
         let mut seen = 0u64;
-        let mut large = 0u64;
         let mut rest = matching;
         while rest != 0 {
             let k = rest.trailing_zeros();
@@ -78,23 +80,23 @@ impl Groups {
             rest &= rest - 1;
             let id = node.nvlink_domain[k as usize];
             if let Some(slot) = self.table.get_mut(id as usize) {
-                // Keep what the entry holds only when it was written for this node.
-                let kept = 0u64.wrapping_sub((seen >> id) & 1);
-                *slot = (*slot & kept) | bit;
+                *slot |= bit;
                 seen |= 1 << id;
             } else {
-                large |= bit;
+                self.large |= bit;
             }
         }
         while seen != 0 {
             let id = seen.trailing_zeros();
             seen &= seen - 1;
-            self.push(node, id, self.table[id as usize]);
+            // Left empty for the next node.
+            let units = std::mem::take(&mut self.table[id as usize]);
+            self.push(node, id, units);
         }
-        if large == 0 {
+        if self.large == 0 {
             0
         } else {
-            self.group_large(node, large)
+            self.group_large(node, self.large)
         }
     }
 
