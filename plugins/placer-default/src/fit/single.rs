@@ -15,6 +15,7 @@ pub(crate) const MAX_UNITS: usize = 64;
 const TABLE: usize = 64;
 
 /// One NVLink domain of the node: its id, the entry's units in it, and its busy units.
+#[derive(Clone, Copy, Default)]
 struct Domain {
     id: u32,
     units: u64,
@@ -52,11 +53,7 @@ impl Default for Groups {
         Groups {
             table: [0; TABLE],
             large: 0,
-            domains: std::array::from_fn(|_| Domain {
-                id: 0,
-                units: 0,
-                busy: 0,
-            }),
+            domains: [Domain::default(); MAX_UNITS],
             len: 0,
         }
     }
