@@ -292,6 +292,17 @@ impl Nodes {
         self.id.is_empty()
     }
 
+    /// The length every column has, or the shortest when a caller made them differ.
+    fn columns_len(&self) -> usize {
+        (self.id.len())
+            .min(self.busy_units.len())
+            .min(self.total_units.len())
+            .min(self.domains_start.len())
+            .min(self.domains_len.len())
+            .min(self.free_start.len())
+            .min(self.free_len.len())
+    }
+
     /// Appends `node`.
     pub fn push(&mut self, node: Node) {
         self.id.push(node.id);
@@ -427,13 +438,7 @@ impl<'a> Cut<'a> {
             units,
             domains,
         } = candidates;
-        let n = (nodes.id.len())
-            .min(nodes.busy_units.len())
-            .min(nodes.total_units.len())
-            .min(nodes.domains_start.len())
-            .min(nodes.domains_len.len())
-            .min(nodes.free_start.len())
-            .min(nodes.free_len.len());
+        let n = nodes.columns_len();
         let u = units.columns_len();
         let d = domains.columns_len();
         Cut {
