@@ -616,10 +616,17 @@ fn every_placement_keeps_the_placement_rules() {
 fn the_single_entry_path_chooses_what_the_general_search_chooses() {
     let mut rng = Lcg(11);
     let mut compared = 0;
-    for _ in 0..3_000 {
+    for _ in 0..6_000 {
         let domains = rng.below(5);
-        // Ids in the table, across its end, and beyond it.
-        let base = [0, 62, 1_000][rng.below(3) as usize];
+        // Ids in the table, across its end, and beyond it; around the largest that fits a
+        // byte, and ids that do not fit one beside ids equal to their low byte.
+        let ids = [
+            [0, 1, 2, 3],
+            [62, 63, 64, 65],
+            [253, 254, 255, 256],
+            [0, 256, 1, 257],
+            [1_000, 1_001, 1_002, 1_003],
+        ][rng.below(5) as usize];
         let free: Vec<(u32, Unit)> = (0..rng.below(20))
             .map(|id| {
                 let class = if rng.below(6) == 0 {
@@ -627,17 +634,33 @@ fn the_single_entry_path_chooses_what_the_general_search_chooses() {
                 } else {
                     DeviceClass::Gpu
                 };
-                let domain = (domains > 0 && rng.below(5) != 0).then(|| base + rng.below(domains));
+                let domain =
+                    (domains > 0 && rng.below(5) != 0).then(|| ids[rng.below(domains) as usize]);
                 unit(id, class, rng.below(2), domain)
             })
             .collect();
         let mut loads: Vec<(u32, u32, u32)> = Vec::new();
         for d in 0..domains {
             if rng.below(4) != 0 {
-                loads.push((base + d, rng.below(3), 8));
+                loads.push((ids[d as usize], rng.below(3), 8));
             }
         }
-        let nodes = [node(1, rng.below(8), &loads, free)];
+        // Now and then a domain reported twice: its first load counts.
+        if let Some(&(domain, ..)) = loads.first()
+            && rng.below(8) == 0
+        {
+            loads.push((domain, rng.below(3), 8));
+        }
+        // A second node after the first, so that the first's units are not the columns'
+        // last and words read past them meet another node's units.
+        let first = free.len() as u32;
+        let next: Vec<(u32, Unit)> = (first..first + rng.below(10))
+            .map(|id| {
+                let domain = (rng.below(3) != 0).then(|| rng.below(300));
+                unit(id, DeviceClass::Gpu, 0, domain)
+            })
+            .collect();
+        let nodes = [node(1, rng.below(8), &loads, free), node(2, 0, &[], next)];
         let entry = DeviceRequest {
             class: DeviceClass::Gpu,
             count: 1 + rng.below(6),

@@ -188,34 +188,53 @@ pub(crate) fn best_on(
 
 /// The free units of `node` that `entry` accepts, as a mask (bit `k` for local unit `k`).
 /// The class codes are compared eight at a time, as the bytes of one word; the model, when
-/// the entry names one, is then checked on the units that remain. Kept out of line: compiled
-/// to WebAssembly and then by Cranelift, the small loop on its own keeps its values in
-/// registers.
+/// the entry names one, is then checked on the units that remain. A node with at most eight
+/// free units, nearly every node, takes one word and no loop: compiled to WebAssembly and
+/// then by Cranelift, every loop header holds a deadline check, and the values that live
+/// across it leave their registers.
 #[inline(never)]
 fn matching(entry: &DeviceRequest, node: &NodeView<'_>) -> u64 {
     let len = node.free_len();
     let class = entry.class.code();
-    let mut mask = 0u64;
-    let mut k = 0;
-    while k < len {
-        mask |= u64::from(equal_bytes(word_at(node.class_to_end, k), class)) << k;
-        k += 8;
+    let mut mask = u64::from(equal_bytes(word_at(node.class_to_end, 0), class));
+    if len > 8 {
+        mask |= matching_words(node.class_to_end, len, class);
     }
     if len < 64 {
         // The words run past the node's units.
         mask &= (1 << len) - 1;
     }
-    if let Some(model) = entry.model {
-        let mut rest = mask;
-        while rest != 0 {
-            let k = rest.trailing_zeros();
-            rest &= rest - 1;
-            if node.model[k as usize] != model {
-                mask &= !(1 << k);
-            }
-        }
+    match entry.model {
+        Some(model) => of_model(node, mask, model),
+        None => mask,
+    }
+}
+
+/// The bits of [`matching`] for units 8 and above, before the model check.
+#[inline(never)]
+fn matching_words(class_to_end: &[u8], len: usize, class: u8) -> u64 {
+    let mut mask = 0u64;
+    let mut k = 8;
+    while k < len {
+        mask |= u64::from(equal_bytes(word_at(class_to_end, k), class)) << k;
+        k += 8;
     }
     mask
+}
+
+/// The units of `mask` whose model is `model`.
+#[inline(never)]
+fn of_model(node: &NodeView<'_>, mask: u64, model: u32) -> u64 {
+    let mut kept = mask;
+    let mut rest = mask;
+    while rest != 0 {
+        let k = rest.trailing_zeros();
+        rest &= rest - 1;
+        if node.model[k as usize] != model {
+            kept &= !(1 << k);
+        }
+    }
+    kept
 }
 
 /// The eight bytes of `bytes` from `k` as a little-endian word, zero past the end.
