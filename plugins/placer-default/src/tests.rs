@@ -618,8 +618,7 @@ fn the_single_entry_path_chooses_what_the_general_search_chooses() {
     let mut compared = 0;
     for _ in 0..6_000 {
         let domains = rng.below(5);
-        // Ids in the table, across its end, and beyond it; around the largest that fits a
-        // byte, and ids that do not fit one beside ids equal to their low byte.
+        // Ids in the table, across its end, beyond it, and a mix of small and large.
         let ids = [
             [0, 1, 2, 3],
             [62, 63, 64, 65],
