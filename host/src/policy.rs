@@ -183,21 +183,29 @@ struct Warm {
 
 /// The idle warm instances by plugin id, then config (as compact JSON; empty for none), so
 /// that a decision on a warm instance touches no file and looks its key up without copying.
-#[derive(Default)]
-struct Idle {
-    by_plugin: HashMap<String, HashMap<String, Vec<Warm>>>,
+struct Idle<W = Warm> {
+    by_plugin: HashMap<String, HashMap<String, Vec<W>>>,
     count: usize,
 }
 
-impl Idle {
-    fn take(&mut self, plugin: &str, config: &str) -> Option<Warm> {
+impl<W> Default for Idle<W> {
+    fn default() -> Self {
+        Idle {
+            by_plugin: HashMap::new(),
+            count: 0,
+        }
+    }
+}
+
+impl<W> Idle<W> {
+    fn take(&mut self, plugin: &str, config: &str) -> Option<W> {
         let warm = self.by_plugin.get_mut(plugin)?.get_mut(config)?.pop()?;
         self.count -= 1;
         Some(warm)
     }
 
     /// Keeps `warm` unless as many are kept for its key, or in all, as the limits allow.
-    fn put(&mut self, plugin: &str, config: &str, warm: Warm) {
+    fn put(&mut self, plugin: &str, config: &str, warm: W) {
         if self.count >= IDLE_TOTAL {
             return;
         }
@@ -622,4 +630,46 @@ fn deserialize(engine: &Engine, path: &Path) -> anyhow::Result<Component> {
     // server into its own data directory; wasmtime also refuses artifacts of another
     // engine version or configuration.
     Ok(unsafe { Component::deserialize_file(engine, path) }?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{IDLE_PER_KEY, IDLE_TOTAL, Idle};
+
+    #[test]
+    fn idle_instances_come_back_only_for_their_plugin_and_config() {
+        let mut idle = Idle::default();
+        idle.put("sha256:a", "", 1);
+        idle.put("sha256:a", r#"{"x":1}"#, 2);
+        idle.put("sha256:b", "", 3);
+        assert_eq!(idle.take("sha256:a", r#"{"x":2}"#), None);
+        assert_eq!(idle.take("sha256:c", ""), None);
+        assert_eq!(idle.take("sha256:a", r#"{"x":1}"#), Some(2));
+        assert_eq!(idle.take("sha256:a", r#"{"x":1}"#), None);
+        assert_eq!(idle.take("sha256:b", ""), Some(3));
+        assert_eq!(idle.take("sha256:a", ""), Some(1));
+        assert_eq!(idle.count, 0);
+    }
+
+    #[test]
+    fn idle_instances_are_kept_up_to_the_limit_per_key_and_in_all() {
+        let mut idle = Idle::default();
+        for i in 0..IDLE_PER_KEY + 3 {
+            idle.put("p", "", i);
+        }
+        assert_eq!(idle.count, IDLE_PER_KEY);
+        for plugin in 0..IDLE_TOTAL * 2 {
+            idle.put(&format!("q{plugin}"), "", plugin);
+        }
+        assert_eq!(idle.count, IDLE_TOTAL);
+        // A place freed by a take is taken again.
+        assert!(idle.take("p", "").is_some());
+        idle.put("r", "", 0);
+        assert_eq!(idle.take("r", ""), Some(0));
+        let mut kept = 0;
+        while idle.take("p", "").is_some() {
+            kept += 1;
+        }
+        assert_eq!(kept, IDLE_PER_KEY - 1);
+    }
 }
