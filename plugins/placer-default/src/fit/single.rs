@@ -7,6 +7,9 @@ use std::cmp::Reverse;
 use super::{Score, Scratch};
 use crate::{DeviceRequest, NO_DOMAIN, NodeView};
 
+/// Class codes compared at once: the bytes of one word.
+const WORD: usize = 8;
+
 /// The most free units a node may have for this path: one bit each.
 pub(crate) const MAX_UNITS: usize = 64;
 
@@ -197,7 +200,7 @@ fn matching(entry: &DeviceRequest, node: &NodeView<'_>) -> u64 {
     let len = node.free_len();
     let class = entry.class.code();
     let mut mask = u64::from(equal_bytes(word_at(node.class_to_end, 0), class));
-    if len > 8 {
+    if len > WORD {
         mask |= matching_words(node.class_to_end, len, class);
     }
     if len < 64 {
@@ -210,14 +213,14 @@ fn matching(entry: &DeviceRequest, node: &NodeView<'_>) -> u64 {
     }
 }
 
-/// The bits of [`matching`] for units 8 and above, before the model check.
+/// The bits of [`matching`] for units [`WORD`] and above, before the model check.
 #[inline(never)]
 fn matching_words(class_to_end: &[u8], len: usize, class: u8) -> u64 {
     let mut mask = 0u64;
-    let mut k = 8;
+    let mut k = WORD;
     while k < len {
         mask |= u64::from(equal_bytes(word_at(class_to_end, k), class)) << k;
-        k += 8;
+        k += WORD;
     }
     mask
 }
@@ -240,7 +243,7 @@ fn of_model(node: &NodeView<'_>, mask: u64, model: u32) -> u64 {
 /// The eight bytes of `bytes` from `k` as a little-endian word, zero past the end.
 #[inline(always)]
 fn word_at(bytes: &[u8], k: usize) -> u64 {
-    match bytes.get(k..k + 8) {
+    match bytes.get(k..k + WORD) {
         Some(word) => u64::from_le_bytes(word.try_into().expect("eight bytes")),
         None => word_at_end(bytes, k),
     }
@@ -250,7 +253,7 @@ fn word_at(bytes: &[u8], k: usize) -> u64 {
 #[cold]
 #[inline(never)]
 fn word_at_end(bytes: &[u8], k: usize) -> u64 {
-    let mut word = [0u8; 8];
+    let mut word = [0u8; WORD];
     let tail = bytes.get(k..).unwrap_or_default();
     word[..tail.len()].copy_from_slice(tail);
     u64::from_le_bytes(word)
