@@ -486,6 +486,7 @@ impl<'a> Cut<'a> {
             first: free.start as u32,
             class: &self.class[free.clone()],
             class_to_end: &self.class[free.start..],
+            nvlink_domain_to_end: &self.nvlink_domain[free.start..],
             model: &self.model[free.clone()],
             nvlink_domain: &self.nvlink_domain[free],
             domain: &self.domain[domains.clone()],
@@ -512,6 +513,9 @@ pub struct NodeView<'a> {
     /// The class codes from the first free unit to the end of the column, so they can be
     /// read a word at a time.
     class_to_end: &'a [u8],
+    /// The NVLink domains from the first free unit to the end of the column, so that a
+    /// node's first units can be read as one array.
+    nvlink_domain_to_end: &'a [u32],
     /// The models of the free units.
     pub model: &'a [u32],
     /// The NVLink domains of the free units ([`NO_DOMAIN`] for none).

@@ -650,6 +650,10 @@ fn the_single_entry_path_chooses_what_the_general_search_chooses() {
         {
             loads.push((domain, rng.below(3), 8));
         }
+        // Now and then a load for "no domain", which no unit is in.
+        if rng.below(8) == 0 {
+            loads.push((NO_DOMAIN, rng.below(3), 8));
+        }
         // A second node after the first, so that the first's units are not the columns'
         // last and words read past them meet another node's units.
         let first = free.len() as u32;

@@ -64,10 +64,42 @@ impl Default for Groups {
 
 impl Groups {
     /// Groups the units of `matching` by domain into [`domains`](Self::domains), answering
-    /// the units outside any domain. Kept out of line, like [`matching`], and without a call
-    /// in its loop, so that the loop keeps its few values in registers.
-    #[inline(never)]
+    /// the units outside any domain.
     fn group(&mut self, node: &NodeView<'_>, matching: u64) -> u64 {
+        match self.group_reported(node, matching) {
+            Some(outside) => outside,
+            None => self.group_any(node, matching),
+        }
+    }
+
+    /// [`group`](Self::group) for a node with at most [`WORD`] free units, each in a
+    /// domain the host reported a load for or in none, as the host always describes a
+    /// node: one pass over the reported domains, each matched against the node's units at
+    /// once, with no loop over the units. `None` when the node is not of that kind.
+    #[inline(never)]
+    fn group_reported(&mut self, node: &NodeView<'_>, matching: u64) -> Option<u64> {
+        let ids: &[u32; WORD] = node.nvlink_domain_to_end.get(..WORD)?.try_into().ok()?;
+        if node.free_len() > WORD {
+            return None;
+        }
+        self.len = 0;
+        let mut rest = matching;
+        for (&id, &busy) in node.domain.iter().zip(node.domain_busy) {
+            // A domain reported twice finds its units taken by its first report.
+            let units = rest & in_domain(ids, id);
+            if units != 0 && id != NO_DOMAIN {
+                rest &= !units;
+                self.domains[self.len] = Domain { id, units, busy };
+                self.len += 1;
+            }
+        }
+        (rest & !in_domain(ids, NO_DOMAIN) == 0).then_some(rest)
+    }
+
+    /// [`group`](Self::group) for any node. Kept out of line, like [`matching`], and
+    /// without a call in its loop, so that the loop keeps its few values in registers.
+    #[inline(never)]
+    fn group_any(&mut self, node: &NodeView<'_>, matching: u64) -> u64 {
         self.len = 0;
         self.large = 0;
         // Domains with an id below 64 (the usual case) go to the table, with `seen` marking
@@ -270,6 +302,12 @@ fn equal_bytes(word: u64, byte: u8) -> u8 {
     let zero = !(((diff & LOW7) + LOW7) | diff) & HIGH;
     // Gather the eight high bits, bit 8i + 7 to bit 56 + i, and keep the top byte.
     ((zero >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
+}
+
+/// Bit `k` set where unit `k` of `ids` is in `domain`: eight comparisons, no loop.
+#[inline(always)]
+fn in_domain(ids: &[u32; WORD], domain: u32) -> u64 {
+    (0..WORD).fold(0, |mask, k| mask | u64::from(ids[k] == domain) << k)
 }
 
 /// The `count` lowest set bits of `mask` (all of them when it has fewer).
