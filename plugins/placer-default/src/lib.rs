@@ -432,6 +432,7 @@ struct Cut<'a> {
 }
 
 impl<'a> Cut<'a> {
+    #[inline(always)]
     fn new(candidates: &'a Candidates) -> Self {
         let Candidates {
             nodes,
