@@ -432,6 +432,8 @@ struct Cut<'a> {
 }
 
 impl<'a> Cut<'a> {
+    /// Inlined, so that the loop over the nodes knows every node column has the same
+    /// length and checks no index against each.
     #[inline(always)]
     fn new(candidates: &'a Candidates) -> Self {
         let Candidates {

@@ -650,7 +650,8 @@ fn the_single_entry_path_chooses_what_the_general_search_chooses() {
         {
             loads.push((domain, rng.below(3), 8));
         }
-        // Now and then a load for "no domain", which no unit is in.
+        // Now and then a load reported for `NO_DOMAIN`: the units outside any domain must
+        // not become a domain.
         if rng.below(8) == 0 {
             loads.push((NO_DOMAIN, rng.below(3), 8));
         }

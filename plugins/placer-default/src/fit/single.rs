@@ -78,10 +78,12 @@ impl Groups {
     /// once, with no loop over the units. `None` when the node is not of that kind.
     #[inline(never)]
     fn group_reported(&mut self, node: &NodeView<'_>, matching: u64) -> Option<u64> {
-        let ids: &[u32; WORD] = node.nvlink_domain_to_end.get(..WORD)?.try_into().ok()?;
         if node.free_len() > WORD {
             return None;
         }
+        // The node's units and the next ones, which `matching` leaves out; `None` for the
+        // columns' last few units.
+        let ids: &[u32; WORD] = node.nvlink_domain_to_end.get(..WORD)?.try_into().ok()?;
         self.len = 0;
         let mut rest = matching;
         for (&id, &busy) in node.domain.iter().zip(node.domain_busy) {
