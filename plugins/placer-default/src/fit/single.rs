@@ -7,7 +7,8 @@ use std::cmp::Reverse;
 use super::{Score, Scratch};
 use crate::{DeviceRequest, NO_DOMAIN, NodeView};
 
-/// Class codes compared at once: the bytes of one word.
+/// Units a node of the straight-line path has at most: their class codes are compared as
+/// the bytes of one word, their domain ids as one array.
 const WORD: usize = 8;
 
 /// The most free units a node may have for this path: one bit each.
@@ -26,6 +27,15 @@ struct Domain {
 }
 
 impl Domain {
+    /// Domain `id` of `node` holding `units`, with the load the host reported for it.
+    fn of(node: &NodeView<'_>, id: u32, units: u64) -> Domain {
+        Domain {
+            id,
+            units,
+            busy: node.domain_busy(id),
+        }
+    }
+
     /// Where the domain stands when an open entry packs: busy domains before idle ones, the
     /// fewest matching units first, then the lowest id.
     fn packing_key(&self) -> (bool, u32, u32) {
@@ -91,8 +101,7 @@ impl Groups {
             let units = rest & in_domain(ids, id);
             if units != 0 && id != NO_DOMAIN {
                 rest &= !units;
-                self.domains[self.len] = Domain { id, units, busy };
-                self.len += 1;
+                self.push(Domain { id, units, busy });
             }
         }
         (rest & !in_domain(ids, NO_DOMAIN) == 0).then_some(rest)
@@ -125,7 +134,7 @@ impl Groups {
             seen &= seen - 1;
             // Left empty for the next node.
             let units = std::mem::take(&mut self.table[id as usize]);
-            self.push(node, id, units);
+            self.push(Domain::of(node, id, units));
         }
         if self.large == 0 {
             0
@@ -150,18 +159,14 @@ impl Groups {
             } else if let Some(domain) = self.domains_mut().iter_mut().find(|d| d.id == id) {
                 domain.units |= bit;
             } else {
-                self.push(node, id, bit);
+                self.push(Domain::of(node, id, bit));
             }
         }
         outside
     }
 
-    fn push(&mut self, node: &NodeView<'_>, id: u32, units: u64) {
-        self.domains[self.len] = Domain {
-            id,
-            units,
-            busy: node.domain_busy(id),
-        };
+    fn push(&mut self, domain: Domain) {
+        self.domains[self.len] = domain;
         self.len += 1;
     }
 
