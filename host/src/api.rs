@@ -96,7 +96,7 @@ async fn observe(State(app): State<Arc<App>>, request: Request, next: Next) -> R
     let response = next.run(request).await;
     let status = response.status();
     if let Some(fault) = response.extensions().get::<error::Fault>() {
-        tracing::error!(%method, %route, error = %fault.0, "request failed");
+        tracing::error!(%method, %route, error = %format_args!("{:#}", fault.0), "request failed");
     }
     app.metrics.observe_request(
         RequestLabels {

@@ -16,10 +16,14 @@ use crate::booking::engine;
 use crate::booking::lifecycle::terminate;
 use crate::booking::store::{self, Reservation};
 use crate::booking::{Binding, State};
+use crate::iam::Principal;
 use crate::iam::confirmations::CONFIRMATION_WINDOW_MS;
-use crate::{App, Result, events};
+use crate::{App, Result, audit, events};
 
-/// One pass over every reservation that time may move.
+/// One pass over every reservation that time may move. Each reservation moves in its own
+/// transaction, conditional on the version the pass read: a reservation another replica (or
+/// a request) changed meanwhile is left for the next pass, and a move that fails is logged
+/// and never stops the others.
 pub async fn run_once(app: &App) -> Result<()> {
     let now = app.now_ms();
     // Node loss and held devices first, so the work list below sees what they ended.
@@ -40,32 +44,13 @@ pub async fn run_once(app: &App) -> Result<()> {
         .await?
     };
     for r in work {
-        let transition = match r.state {
-            State::AwaitingConfirmation if r.created_at + CONFIRMATION_WINDOW_MS <= now => {
-                Some((State::Expired, "confirmation-timeout"))
+        let id = r.id.clone();
+        match advance(app, r, now).await {
+            Ok(Some(pool)) => freed_pools.push(pool),
+            Ok(None) => {}
+            Err(err) => {
+                tracing::warn!(reservation = %id, error = %format_args!("{err:#}"), "reconciler move failed")
             }
-            State::Placed | State::Binding | State::Active
-                if r.lease_deadline_ms.is_some_and(|d| d <= now) =>
-            {
-                Some((State::Released, "lease-lapsed"))
-            }
-            State::Placed | State::Binding | State::Active | State::Pending if r.end_ms <= now => {
-                Some((State::Expired, "window-ended"))
-            }
-            _ => None,
-        };
-        if let Some((state, reason)) = transition {
-            if finish(app, r.clone(), state, reason).await?
-                && r.state != State::AwaitingConfirmation
-            {
-                freed_pools.push(r.pool_id.clone());
-            }
-            continue;
-        }
-        match r.state {
-            State::Placed if r.start_ms <= now => activate(app, r).await?,
-            State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => retry(app, &r.id).await,
-            _ => {}
         }
     }
     freed_pools.sort();
@@ -76,18 +61,70 @@ pub async fn run_once(app: &App) -> Result<()> {
     Ok(())
 }
 
+/// The move time makes on `r` at `now`, if any; answers the pool it freed capacity in.
+async fn advance(app: &App, r: Reservation, now: i64) -> Result<Option<String>> {
+    let transition = match r.state {
+        State::AwaitingConfirmation if r.created_at + CONFIRMATION_WINDOW_MS <= now => {
+            Some((State::Expired, "confirmation-timeout"))
+        }
+        State::Placed | State::Binding | State::Active
+            if r.lease_deadline_ms.is_some_and(|d| d <= now) =>
+        {
+            Some((State::Released, "lease-lapsed"))
+        }
+        State::Placed | State::Binding | State::Active | State::Pending if r.end_ms <= now => {
+            Some((State::Expired, "window-ended"))
+        }
+        _ => None,
+    };
+    if let Some((state, reason)) = transition {
+        let frees = r.state != State::AwaitingConfirmation;
+        let pool = r.pool_id.clone();
+        return Ok((finish(app, r, state, reason).await? && frees).then_some(pool));
+    }
+    match r.state {
+        State::Placed if r.start_ms <= now => activate(app, r).await?,
+        State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => retry(app, &r.id).await,
+        _ => {}
+    }
+    Ok(None)
+}
+
+/// Ends `r` (as the pass read it) in `state`; answers whether this replica moved it.
 async fn finish(app: &App, mut r: Reservation, state: State, reason: &str) -> Result<bool> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
-    let done = terminate(&mut tx, &mut r, state, reason, now).await?;
-    if done && reason == "confirmation-timeout" {
+    if !terminate(&mut tx, &mut r, state, reason, now).await? {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    if reason == "confirmation-timeout" {
         sqlx::query("UPDATE confirmations SET state = 'expired' WHERE reservation_id = $1 AND state = 'pending'")
             .bind(&r.id)
             .execute(&mut **tx)
             .await?;
     }
+    audit_move(&mut tx, &r, reason, now).await?;
     tx.commit().await?;
-    Ok(done)
+    Ok(true)
+}
+
+/// Audits a move the reconciler made, as the system.
+async fn audit_move(
+    conn: &mut sqlx::AnyConnection,
+    r: &Reservation,
+    name: &str,
+    now: i64,
+) -> Result<()> {
+    let entry = audit::Entry {
+        org_id: &r.tenant_id,
+        action: &format!("compute-reservation.{name}"),
+        object_type: "compute-reservation",
+        object_id: &r.id,
+        reason: r.reason.as_deref(),
+        details: Some(json!({ "state": r.state })),
+    };
+    audit::record(conn, &Principal::system(), entry, now).await
 }
 
 /// A held reservation becomes active at its start (`hold` needs no node to bind); a `node`
@@ -96,27 +133,25 @@ async fn activate(app: &App, mut r: Reservation) -> Result<()> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
     let hold = r.binding == Binding::Hold;
+    let name = if hold { "activate" } else { "bind" };
     r.state = if hold { State::Active } else { State::Binding };
-    r.operate(if hold { "activate" } else { "bind" }, now);
-    if store::update(&mut tx, &r, State::Placed).await? {
-        if !hold {
-            binding::request_bind(&mut tx, &r, now).await?;
-        }
-        let payload = json!({ "reservation": r.view() });
-        events::emit(
-            &mut tx,
-            if hold {
-                "reservation.active"
-            } else {
-                "reservation.binding"
-            },
-            &r.id,
-            &[&r.tenant_id],
-            &payload,
-            now,
-        )
-        .await?;
+    r.operate(name, now);
+    if !store::update(&mut tx, &mut r).await? {
+        // Changed since the pass read it (extended, released, …): the next pass decides.
+        tx.rollback().await?;
+        return Ok(());
     }
+    if !hold {
+        binding::request_bind(&mut tx, &r, now).await?;
+    }
+    let payload = json!({ "reservation": r.view() });
+    let kind = if hold {
+        "reservation.active"
+    } else {
+        "reservation.binding"
+    };
+    events::emit(&mut tx, kind, &r.id, &[&r.tenant_id], &payload, now).await?;
+    audit_move(&mut tx, &r, name, now).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -108,6 +108,15 @@ impl Store {
         }
     }
 
+    /// The row-lock clause for a read whose rows must not change until this transaction
+    /// commits, while other readers may share them: `FOR SHARE` on PostgreSQL.
+    pub fn for_share(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite => "",
+            Backend::Postgres => " FOR SHARE",
+        }
+    }
+
     /// The pool, for reads.
     pub fn pool(&self) -> &AnyPool {
         &self.pool

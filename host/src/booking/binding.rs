@@ -561,7 +561,7 @@ pub async fn report(
             }
             r.state = State::Active;
             r.operate("bind", now);
-            if !store::update(&mut tx, &r, State::Binding).await? {
+            if !store::update(&mut tx, &mut r).await? {
                 return Err(Error::conflict(
                     "the reservation changed concurrently; retry",
                     None,
@@ -637,7 +637,7 @@ async fn free_devices(
     let had = r.conditions.iter().any(|c| c.kind == "DevicesHeld");
     r.clear_condition("DevicesHeld");
     r.operate(reason, now);
-    store::update(conn, r, r.state).await?;
+    store::update(conn, r).await?;
     if had {
         emit(
             conn,

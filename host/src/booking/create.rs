@@ -243,11 +243,10 @@ async fn decide_and_place(
                 let mut tx = app.store.begin().await?;
                 let confirmation =
                     confirmations::open(&mut tx, caller, id, CREATE, &attrs_json, now).await?;
-                let expected = draft.state;
                 draft.state = State::AwaitingConfirmation;
                 draft.confirmation_id = Some(confirmation.id.clone());
                 draft.operate("create", now);
-                if store::update(&mut tx, &draft, expected).await? {
+                if store::update(&mut tx, &mut draft).await? {
                     emit(
                         &mut tx,
                         &draft,
@@ -335,6 +334,7 @@ fn new_draft(
         }),
         created_at: now,
         updated_at: now,
+        version: 0,
         unit_ids: Vec::new(),
         members: Vec::new(),
     })
@@ -349,11 +349,17 @@ async fn finish_draft(
 ) -> Result<()> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
-    let expected = draft.state;
     draft.state = State::Denied;
     draft.reason = Some(reason.to_string());
     draft.operate("create", now);
-    if store::update(&mut tx, draft, expected).await? {
+    if store::update(&mut tx, draft).await? {
+        emit(
+            &mut tx,
+            draft,
+            "reservation.denied",
+            json!({ "reason": reason }),
+        )
+        .await?;
         let entry = Entry {
             org_id: &draft.tenant_id,
             action: "compute-reservation.deny",
@@ -451,7 +457,6 @@ async fn charge_and_place(
     mut r: Reservation,
     charge: BTreeMap<String, i64>,
 ) -> Result<Reservation> {
-    let now = app.now_ms();
     let mut tx = app.store.begin().await?;
     lock_pool(app, &mut tx, &pool.id).await?;
     let current = store::find(&mut tx, &r.id, app.store.for_update())
@@ -460,7 +465,9 @@ async fn charge_and_place(
     if !current.state.is_draft() {
         return Ok(current);
     }
-    let expected = current.state;
+    // Read after the locks: the bookings written below start no earlier than this.
+    let now = app.now_ms();
+    r.version = current.version;
     check_budget(app, &mut tx, pool, offer, &r).await?;
     let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
     if let Some(resource) =
@@ -483,11 +490,8 @@ async fn charge_and_place(
     r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
     let placed = try_place(app, &mut tx, pool, &mut r, now).await?;
     r.operate("create", now);
-    if !store::update(&mut tx, &r, expected).await? {
-        return Err(Error::conflict(
-            "the reservation changed concurrently; retry",
-            Some(json!({ "reservationId": r.id })),
-        ));
+    if !store::update(&mut tx, &mut r).await? {
+        return Err(super::lifecycle::changed_concurrently(&r));
     }
     let entry = Entry {
         org_id: &r.tenant_id,

@@ -18,6 +18,11 @@ use crate::{App, Error, Result};
 /// How long a default-placer reservation waits before its next placement attempt.
 pub const RETRY_AFTER_MS: i64 = 30_000;
 
+/// Why a placement wrote nothing: a node reservation claimed (or reclaimed) the chosen
+/// units after the decision was made.
+pub(super) const CLAIMED_CONCURRENTLY: &str =
+    "a node reservation claimed the chosen units concurrently";
+
 pub(super) const CREATE: &str = "compute:reservations:create";
 pub(super) const READ: &str = "compute:reservations:read";
 pub(super) const EXTEND: &str = "compute:reservations:extend";
@@ -163,8 +168,19 @@ async fn place_now(
         .iter()
         .map(|u| node.units[offer.index[*u as usize].1].id.clone())
         .collect();
+    if !Snapshot::rights_still_allow(conn, app.store.for_share(), r, &node.id, &units, now).await? {
+        return Ok(Err(CLAIMED_CONCURRENTLY.into()));
+    }
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    match store::insert_bookings(&mut savepoint, r, &node.id, &units, app.provider_share_bps).await
+    match store::insert_bookings(
+        &mut savepoint,
+        r,
+        &node.id,
+        &units,
+        app.provider_share_bps,
+        now,
+    )
+    .await
     {
         Ok(()) => savepoint.commit().await?,
         Err(err) if violates(&err, "bookings_no_overlap") => {
@@ -190,8 +206,9 @@ pub(super) fn mark_placed(r: &mut Reservation, node_id: String, decided_by: Stri
     r.next_attempt_ms = None;
     r.clear_condition("Unschedulable");
     r.clear_condition("Queued");
+    // A lease counts from when the reservation starts holding its units.
     if let Some(lease) = r.lease_seconds {
-        r.lease_deadline_ms = Some(now + lease * 1000);
+        r.lease_deadline_ms = Some(r.start_ms.max(now) + lease * 1000);
     }
 }
 
@@ -251,7 +268,6 @@ pub(super) async fn emit(
 
 /// Retries placing a pending reservation (the reconciler's and the wake-up's path).
 pub async fn retry(app: &App, id: &str) -> Result<bool> {
-    let now = app.now_ms();
     let mut tx = app.store.begin().await?;
     let Some(mut r) = store::find(&mut tx, id, app.store.for_update()).await? else {
         return Ok(false);
@@ -263,6 +279,8 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
         return Ok(false);
     };
     lock_pool(app, &mut tx, &pool.id).await?;
+    // Read after the locks: the bookings written below start no earlier than this.
+    let now = app.now_ms();
     let before = r.conditions.clone();
     let placed = try_place(app, &mut tx, &pool, &mut r, now).await?;
     if !placed
@@ -277,7 +295,11 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
     if placed {
         r.operate("place", now);
     }
-    if store::update(&mut tx, &r, State::Pending).await? && placed {
+    if !store::update(&mut tx, &mut r).await? {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    if placed {
         emit(&mut tx, &r, "reservation.placed", json!({})).await?;
     }
     tx.commit().await?;

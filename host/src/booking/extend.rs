@@ -2,13 +2,15 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sqlx::AnyConnection;
 
 use super::create::check_budget;
 use super::engine::{EXTEND, attributes, bookable_pool, emit, not_found};
-use super::lifecycle::{audit_method, authorized};
+use super::lifecycle::{audit_method, authorized, changed_concurrently};
 use super::store::{self, ComputeReservation, Reservation};
 use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
+use crate::store::violates;
 use crate::{App, Error, Result};
 
 /// How long an extend decision blocks other extends of the same reservation.
@@ -100,69 +102,128 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
             ),
         ));
     }
-    let state = r.state;
     r.extend_started_ms = Some(now);
-    store::update(&mut tx, &r, state).await?;
-    tx.commit().await?;
-
-    let outcome = decide_extension(app, caller, &mut r, new_end).await;
-    // Whatever happened, the claim is released.
-    let mut tx = app.store.begin().await?;
-    if let Some(mut current) = store::find(&mut tx, &r.id, app.store.for_update()).await? {
-        let state = current.state;
-        current.extend_started_ms = None;
-        if let Ok(Some(end)) = &outcome {
-            current.end_ms = *end;
-            current.operate("extend", app.now_ms());
-            store::extend_bookings(&mut tx, &r.id, *end).await?;
-        }
-        store::update(&mut tx, &current, state).await?;
-        if let Ok(Some(end)) = &outcome {
-            emit(
-                &mut tx,
-                &current,
-                "reservation.extended",
-                json!({ "end": end }),
-            )
-            .await?;
-            audit_method(
-                &mut tx,
-                caller,
-                &current,
-                "compute-reservation.extend",
-                app.now_ms(),
-            )
-            .await?;
-        }
-        r = current;
+    if !store::update(&mut tx, &mut r).await? {
+        return Err(changed_concurrently(&r));
     }
     tx.commit().await?;
-    match outcome {
-        Ok(Some(_)) => Ok(Extended {
-            reservation: r.view(),
-            extended: true,
-            available_until: None,
-        }),
-        Ok(None) => unreachable!("decide_extension answers Some or an error"),
-        Err(Error::Conflict {
-            details: Some(d), ..
-        }) if d.get("availableUntil").is_some() => Ok(Extended {
-            reservation: r.view(),
-            extended: false,
-            available_until: d["availableUntil"].as_i64(),
-        }),
+
+    let decided = decide_extension(app, caller, &r, new_end).await;
+    // Whatever was decided, the claim is given back, on the reservation as it is now.
+    let mut tx = app.store.begin().await?;
+    let mut current = store::find(&mut tx, &r.id, app.store.for_update())
+        .await?
+        .ok_or_else(|| not_found(&r.id))?;
+    let ours = current.extend_started_ms == Some(now);
+    if ours {
+        current.extend_started_ms = None;
+    }
+    if !current.state.holds_units() {
+        // Released, cancelled or ended while the extend was decided: nothing to extend.
+        tx.rollback().await?;
+        decided?;
+        return Err(Error::InvalidState(format!(
+            "reservation {} became {} while the extend was decided",
+            current.id,
+            current.state.as_str()
+        )));
+    }
+    let outcome = match decided {
+        Ok(()) => book_until(&mut tx, &current, new_end).await?,
         Err(err) => Err(err),
+    };
+    let at = app.now_ms();
+    let extended = outcome.as_ref().is_ok_and(Option::is_none);
+    if extended {
+        current.end_ms = new_end;
+        current.operate("extend", at);
+    }
+    if (ours || extended) && !store::update(&mut tx, &mut current).await? {
+        return Err(changed_concurrently(&current));
+    }
+    let blocked = match outcome {
+        Ok(blocked) => blocked,
+        Err(err) => {
+            tx.commit().await?;
+            return Err(err);
+        }
+    };
+    if extended {
+        emit(
+            &mut tx,
+            &current,
+            "reservation.extended",
+            json!({ "end": new_end }),
+        )
+        .await?;
+        audit_method(&mut tx, caller, &current, "compute-reservation.extend", at).await?;
+    }
+    tx.commit().await?;
+    Ok(Extended {
+        reservation: current.view(),
+        extended,
+        available_until: blocked,
+    })
+}
+
+/// Moves the end of `r`'s bookings to `new_end`, unless a later booking of any of its units
+/// (on any gang member) starts before it: then nothing moves and the answer is when that
+/// booking starts, the latest end the bookings can reach. Runs in the write transaction, and
+/// the database's overlap constraint refuses a booking that a concurrent create made.
+async fn book_until(
+    conn: &mut AnyConnection,
+    r: &Reservation,
+    new_end: i64,
+) -> Result<Result<Option<i64>>> {
+    if let Some(at) = next_booking(conn, r, new_end).await? {
+        return Ok(Ok(Some(at)));
+    }
+    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+    match store::extend_bookings(&mut savepoint, &r.id, new_end).await {
+        Ok(()) => {
+            savepoint.commit().await?;
+            Ok(Ok(None))
+        }
+        Err(err) if violates(&err, "bookings_no_overlap") => {
+            savepoint.rollback().await?;
+            let at = next_booking(conn, r, new_end).await?.unwrap_or(r.end_ms);
+            Ok(Ok(Some(at)))
+        }
+        Err(err) => Err(err.into()),
     }
 }
 
-/// The IAM decision (with the new total duration), the spend-guard, and whether the
-/// bookings can reach `new_end`.
+/// The earliest start of another booking of `r`'s units between its end and `until`.
+async fn next_booking(
+    conn: &mut AnyConnection,
+    r: &Reservation,
+    until: i64,
+) -> Result<Option<i64>> {
+    let mut blocked: Option<i64> = None;
+    for member in r.members.iter().filter(|m| !m.unit_ids.is_empty()) {
+        if let Some(at) = store::next_booking_start(
+            conn,
+            &r.id,
+            &member.node_id,
+            &member.unit_ids,
+            r.end_ms,
+            until,
+        )
+        .await?
+        {
+            blocked = Some(blocked.map_or(at, |b| b.min(at)));
+        }
+    }
+    Ok(blocked)
+}
+
+/// The IAM decision (with the new total duration) and the spend-guard on the longer window.
 async fn decide_extension(
     app: &App,
     caller: &Principal,
-    r: &mut Reservation,
+    r: &Reservation,
     new_end: i64,
-) -> Result<Option<i64>> {
+) -> Result<()> {
     let mut conn = app.store.pool().acquire().await?;
     let (pool, offer) = bookable_pool(&mut conn, &r.pool_id, &r.tenant_id)
         .await
@@ -187,27 +248,5 @@ async fn decide_extension(
     let mut extra = longer.clone();
     extra.start_ms = r.end_ms;
     check_budget(app, &mut conn, &pool, offer.as_ref(), &extra).await?;
-    // Every member of a gang moves together: the earliest later booking on any of them blocks.
-    let mut blocked: Option<i64> = None;
-    for member in r.members.iter().filter(|m| !m.unit_ids.is_empty()) {
-        if let Some(at) = store::next_booking_start(
-            &mut conn,
-            &r.id,
-            &member.node_id,
-            &member.unit_ids,
-            r.end_ms,
-            new_end,
-        )
-        .await?
-        {
-            blocked = Some(blocked.map_or(at, |b| b.min(at)));
-        }
-    }
-    if let Some(blocked_at) = blocked {
-        return Err(Error::conflict(
-            "a later booking blocks",
-            Some(json!({ "availableUntil": blocked_at })),
-        ));
-    }
-    Ok(Some(new_end))
+    Ok(())
 }

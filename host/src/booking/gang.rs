@@ -226,6 +226,14 @@ async fn book(
     decided_by: String,
     now: i64,
 ) -> Result<std::result::Result<(), String>> {
+    for member in &members {
+        let lock = app.store.for_share();
+        if !Snapshot::rights_still_allow(conn, lock, r, &member.node_id, &member.unit_ids, now)
+            .await?
+        {
+            return Ok(Err(super::engine::CLAIMED_CONCURRENTLY.into()));
+        }
+    }
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
     for member in &members {
         match store::insert_bookings(
@@ -234,6 +242,7 @@ async fn book(
             &member.node_id,
             &member.unit_ids,
             app.provider_share_bps,
+            now,
         )
         .await
         {

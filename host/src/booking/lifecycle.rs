@@ -12,9 +12,11 @@ use crate::audit::{self, Entry};
 use crate::iam::{Permission, Principal};
 use crate::{App, Error, Result};
 
-/// Ends `r` in a terminal `state`: its bookings are released at `now`, its quota refunded
-/// (once: the charge is cleared with it), and its event emitted. Returns false when another
-/// writer moved it first.
+/// Ends `r` in a terminal `state`, as one transition: the state changes only if the row is
+/// still the version `r` was read at, and only then are its bookings released at `now`
+/// (unless its node still holds the devices), its quota refunded (the charge is cleared in
+/// the same update, so it is refunded once) and its event emitted. Returns false, having
+/// written nothing, when another writer changed it first; `r` is then stale.
 pub async fn terminate(
     conn: &mut AnyConnection,
     r: &mut Reservation,
@@ -22,22 +24,24 @@ pub async fn terminate(
     reason: &str,
     now: i64,
 ) -> Result<bool> {
-    let expected = r.state;
-    // A bound kubernetes reservation's devices stay booked while its node still holds them.
-    if !super::binding::on_terminate(conn, r, state, reason, now).await? {
-        store::release_bookings(conn, &r.id, now).await?;
-    }
-    if let Some(charge) = r.charge.take() {
-        store::apply_charge(conn, &r.pool_id, &r.tenant_id, &charge, -1, None).await?;
-    }
+    let charge = r.charge.take();
     r.state = state;
     r.reason = Some(reason.to_string());
     r.lease_deadline_ms = None;
     r.next_attempt_ms = None;
     r.extend_started_ms = None;
     r.operate(reason, now);
-    if !store::update(conn, r, expected).await? {
+    if !store::update(conn, r).await? {
         return Ok(false);
+    }
+    // A bound kubernetes reservation's devices stay booked while its node still holds them.
+    if super::binding::on_terminate(conn, r, state, reason, now).await? {
+        store::update(conn, r).await?;
+    } else {
+        store::release_bookings(conn, &r.id, now).await?;
+    }
+    if let Some(charge) = charge {
+        store::apply_charge(conn, &r.pool_id, &r.tenant_id, &charge, -1, None).await?;
     }
     let kind = match state {
         State::Cancelled => "reservation.cancelled",
@@ -47,6 +51,15 @@ pub async fn terminate(
     };
     emit(conn, r, kind, json!({ "reason": reason })).await?;
     Ok(true)
+}
+
+/// A transition of a reservation read in this transaction found it changed: the caller
+/// retries on the current state.
+pub(super) fn changed_concurrently(r: &Reservation) -> Error {
+    Error::conflict(
+        "the reservation changed concurrently; retry",
+        Some(json!({ "reservationId": r.id })),
+    )
 }
 
 /// Loads a reservation of `tenant` for a method that needs `permission`; callers decide
@@ -135,7 +148,9 @@ pub async fn release(
     } else {
         State::Released
     };
-    terminate(&mut tx, &mut r, state, "release", now).await?;
+    if !terminate(&mut tx, &mut r, state, "release", now).await? {
+        return Err(changed_concurrently(&r));
+    }
     audit_method(&mut tx, caller, &r, "compute-reservation.release", now).await?;
     tx.commit().await?;
     crate::reconciler::wake_pool(app, &r.pool_id).await?;
@@ -171,7 +186,9 @@ pub async fn cancel(
             )));
         }
     }
-    terminate(&mut tx, &mut r, State::Cancelled, "cancel", now).await?;
+    if !terminate(&mut tx, &mut r, State::Cancelled, "cancel", now).await? {
+        return Err(changed_concurrently(&r));
+    }
     audit_method(&mut tx, caller, &r, "compute-reservation.cancel", now).await?;
     tx.commit().await?;
     crate::reconciler::wake_pool(app, &r.pool_id).await?;
@@ -229,10 +246,12 @@ pub async fn renew(
             r.state.as_str()
         )));
     }
-    let state = r.state;
     r.lease_deadline_ms = Some(now + lease * 1000);
     r.operate("renew", now);
-    store::update(&mut tx, &r, state).await?;
+    if !store::update(&mut tx, &mut r).await? {
+        return Err(changed_concurrently(&r));
+    }
+    audit_method(&mut tx, caller, &r, "compute-reservation.renew", now).await?;
     tx.commit().await?;
     Ok(r.view())
 }

@@ -285,6 +285,37 @@ impl Snapshot {
         })
     }
 
+    /// Whether the node reservations on `node_id` still let `r` book `units` over its
+    /// window, read again at write time with `lock` (the store's `FOR SHARE`): a reclaim
+    /// or a new reservation that committed after the snapshot was read wins, and a reclaim
+    /// that starts after this read waits for the booking and then sees it.
+    pub async fn rights_still_allow(
+        conn: &mut AnyConnection,
+        lock: &str,
+        r: &Reservation,
+        node_id: &str,
+        units: &[String],
+        now: i64,
+    ) -> Result<bool> {
+        let window = crate::node_reservations::Term {
+            starts_at: r.start_ms.max(now),
+            ends_at: Some(r.end_ms),
+        };
+        let claims: Vec<_> = load(conn, Filter::Node(node_id), lock)
+            .await?
+            .into_iter()
+            .filter(|record| record.term.overlaps(&window))
+            .collect();
+        Ok(units.iter().all(|unit| {
+            let on_unit: Vec<_> = claims
+                .iter()
+                .filter(|c| c.unit_ids.contains(unit))
+                .map(|c| c.rights(now))
+                .collect();
+            may_place(&r.tenant_id, unit, &on_unit, r.spot)
+        }))
+    }
+
     /// The per-GPU share of host resources in this pool: the policy's, or the smallest any
     /// of its GPU hosts can give.
     pub fn per_gpu_share(&self, policy: &crate::pools::PoolPolicy) -> Option<crate::pools::PerGpu> {

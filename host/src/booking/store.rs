@@ -63,6 +63,8 @@ pub struct Reservation {
     pub operation: Option<Operation>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// The row's version as read; every write bumps it (see [`update`]).
+    pub version: i64,
     /// Units booked, in placement order (after placement); every member's for a gang.
     pub unit_ids: Vec<String>,
     /// The nodes holding its units and the units on each: one member, or one per node of a
@@ -206,7 +208,7 @@ pub struct ComputeReservation {
 
 const COLUMNS: &str = "id, tenant_id, pool_id, project_id, caller_key_id, idempotency_key, request, state, spot, binding,
     start_ms, end_ms, lease_seconds, lease_deadline_ms, resources, charge, conditions, reason, node_id, placed_by,
-    confirmation_id, extend_started_ms, next_attempt_ms, operation, created_at, updated_at";
+    confirmation_id, extend_started_ms, next_attempt_ms, operation, created_at, updated_at, version";
 
 fn decode<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|e| anyhow::anyhow!("stored {what}: {e}").into())
@@ -261,6 +263,7 @@ fn from_row(r: &AnyRow, units: Vec<(String, String)>) -> Result<Reservation> {
             .transpose()?,
         created_at: r.get("created_at"),
         updated_at: r.get("updated_at"),
+        version: r.get("version"),
         unit_ids,
         members,
     })
@@ -356,7 +359,7 @@ pub async fn page(
 pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<()> {
     sqlx::query(&format!(
         "INSERT INTO compute_reservations ({COLUMNS})
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)"
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)"
     ).replace("INSERT INTO compute_reservations (", "INSERT INTO compute_reservations (position, ")
     .replace("VALUES ($1,", "VALUES ((SELECT COALESCE(MAX(position), 0) + 1 FROM compute_reservations), $1,"))
     .bind(&r.id)
@@ -385,6 +388,7 @@ pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<(
     .bind(r.operation.as_ref().map(to_json))
     .bind(r.created_at)
     .bind(r.updated_at)
+    .bind(r.version)
     .execute(conn)
     .await?;
     Ok(())
@@ -398,14 +402,16 @@ fn binding_str(binding: Binding) -> &'static str {
     }
 }
 
-/// Writes every mutable column of `r`, if it is still in `expected` state; returns whether
-/// it was (so two replicas never both move one reservation).
-pub async fn update(conn: &mut AnyConnection, r: &Reservation, expected: State) -> Result<bool> {
+/// Writes every mutable column of `r` if the row is still at the version `r` was read at,
+/// and moves `r` to the new version. Returns whether it was: `false` means another writer
+/// changed the reservation since it was read, and nothing was written. This is the one way
+/// a reservation changes; a caller does its side effects only after it answered `true`.
+pub async fn update(conn: &mut AnyConnection, r: &mut Reservation) -> Result<bool> {
     let done = sqlx::query(
         "UPDATE compute_reservations SET state = $1, start_ms = $2, end_ms = $3, lease_deadline_ms = $4, resources = $5,
              charge = $6, conditions = $7, reason = $8, node_id = $9, placed_by = $10, confirmation_id = $11,
-             extend_started_ms = $12, next_attempt_ms = $13, updated_at = $14, operation = $15
-         WHERE id = $16 AND state = $17",
+             extend_started_ms = $12, next_attempt_ms = $13, updated_at = $14, operation = $15, version = version + 1
+         WHERE id = $16 AND version = $17",
     )
     .bind(r.state.as_str())
     .bind(r.start_ms)
@@ -423,14 +429,19 @@ pub async fn update(conn: &mut AnyConnection, r: &Reservation, expected: State) 
     .bind(r.updated_at)
     .bind(r.operation.as_ref().map(to_json))
     .bind(&r.id)
-    .bind(expected.as_str())
+    .bind(r.version)
     .execute(conn)
     .await?;
-    Ok(done.rows_affected() == 1)
+    let matched = done.rows_affected() == 1;
+    if matched {
+        r.version += 1;
+    }
+    Ok(matched)
 }
 
-/// Books `units` of `node_id` and its host resources for the reservation over its window.
-/// Each unit's booking carries the terms metering needs, frozen as they are now: the price
+/// Books `units` of `node_id` and its host resources for the reservation over its window,
+/// from `now` at the earliest: a booking never starts before the moment it is written, so
+/// a reservation placed late never overlaps the holder that just left. Each unit's booking carries the terms metering needs, frozen as they are now: the price
 /// per GPU-hour of the tenant's offer for the pool (0 without a price), the unit's model and
 /// device class, and the provider's share.
 pub async fn insert_bookings(
@@ -439,7 +450,9 @@ pub async fn insert_bookings(
     node_id: &str,
     units: &[String],
     provider_share_bps: u32,
+    now: i64,
 ) -> sqlx::Result<()> {
+    let start = r.start_ms.max(now);
     let price: Option<Option<i64>> = sqlx::query_scalar(
         "SELECT price_per_gpu_hour_minor FROM offers WHERE pool_id = $1 AND tenant_id = $2",
     )
@@ -459,7 +472,7 @@ pub async fn insert_bookings(
         .bind(&r.id)
         .bind(node_id)
         .bind(unit)
-        .bind(r.start_ms)
+        .bind(start)
         .bind(r.end_ms)
         .bind(r.spot)
         .bind(true)
@@ -479,7 +492,7 @@ pub async fn insert_bookings(
         .bind(host.vcpu)
         .bind(host.memory_gib)
         .bind(host.hugepages_1gi)
-        .bind(r.start_ms)
+        .bind(start)
         .bind(r.end_ms)
         .bind(true)
         .execute(&mut *conn)

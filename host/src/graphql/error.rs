@@ -11,7 +11,7 @@ impl From<Error> for async_graphql::Error {
         let (_, code) = err.status_and_code();
         let (message, details) = match &err {
             Error::Internal(fault) => {
-                tracing::error!(error = %fault, "GraphQL operation failed");
+                tracing::error!(error = %format_args!("{fault:#}"), "GraphQL operation failed");
                 ("internal error".to_string(), None)
             }
             Error::InvalidInput {

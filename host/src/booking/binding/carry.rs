@@ -112,7 +112,7 @@ pub async fn carry_held(app: &App) -> Result<Vec<String>> {
             };
             r.set_condition("DevicesHeld", reason, message.into(), now);
             r.operate("carry-ended", now);
-            store::update(&mut tx, &r, r.state).await?;
+            store::update(&mut tx, &mut r).await?;
             pools.push(r.pool_id.clone());
         }
         tx.commit().await?;
