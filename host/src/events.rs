@@ -5,6 +5,9 @@
 //! more. On PostgreSQL it waits on `LISTEN orl_events` (every replica's writes notify it,
 //! at commit); on SQLite, and as a safety net on PostgreSQL, it polls. Because the cursor is
 //! the outbox position, a client resumes from the last id it saw, across server restarts.
+//!
+//! A stream lasts only as long as the key that opened it: it ends once that key is
+//! revoked, before it delivers anything written after the revocation.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use serde_json::Value;
 use sqlx::AnyConnection;
 use sqlx::postgres::PgListener;
 
-use crate::iam::{Permission, Principal};
+use crate::iam::{Permission, Principal, keys};
 use crate::store::{Backend, to_json};
 use crate::{App, Error, Result, validation};
 
@@ -30,6 +33,8 @@ const SQLITE_POLL: Duration = Duration::from_millis(250);
 const POSTGRES_POLL: Duration = Duration::from_secs(5);
 /// Events a stream reads per query.
 const STREAM_BATCH: i64 = 100;
+/// How often an idle stream checks that its key is still live.
+const KEY_RECHECK: Duration = Duration::from_secs(1);
 
 /// Appends an event of `kind` about `object_id`, visible to the members of `org_ids`
 /// (and to platform operators).
@@ -150,8 +155,10 @@ pub async fn head(pool: &sqlx::AnyPool) -> Result<i64> {
 }
 
 /// The events the caller may see after `after`, then each new one as it is written, for
-/// as long as the stream is held. It ends when the server is asked to stop, so graceful
-/// shutdown does not wait on open streams. A database error ends it after yielding it.
+/// as long as the stream is held and the caller's key is live. It ends when the server is
+/// asked to stop, so graceful shutdown does not wait on open streams, and when the key is
+/// revoked: every batch read is delivered only after the key is checked, and an idle
+/// stream checks it every [`KEY_RECHECK`]. A database error ends it after yielding it.
 pub async fn follow(
     app: Arc<App>,
     caller: &Principal,
@@ -159,25 +166,51 @@ pub async fn follow(
 ) -> Result<impl Stream<Item = Result<Event>> + Send + use<>> {
     require_reader(caller)?;
     validation::range("after", after, 0, i64::MAX)?;
+    if !keys::is_live(app.store.pool(), &caller.key_id).await? {
+        return Err(Error::Unauthenticated("unknown or revoked API key".into()));
+    }
     let wake = Wake::open(&app).await;
+    let ended = {
+        let app = app.clone();
+        let key_id = caller.key_id.clone();
+        async move {
+            tokio::select! {
+                () = crate::serve::stopping() => {}
+                () = revoked(&app, &key_id) => {}
+            }
+        }
+    };
     let cursor = Cursor {
         app,
         org: caller.org_id.clone(),
+        key_id: caller.key_id.clone(),
         after,
         ready: VecDeque::new(),
         wake,
         failed: false,
     };
-    Ok(
-        futures::stream::unfold(cursor, Cursor::next)
-            .take_until(Box::pin(crate::serve::stopping())),
-    )
+    Ok(futures::stream::unfold(cursor, Cursor::next).take_until(Box::pin(ended)))
+}
+
+/// Returns once the key `key_id` no longer authenticates, looking every [`KEY_RECHECK`].
+/// A failed look is retried at the next one.
+async fn revoked(app: &App, key_id: &str) {
+    loop {
+        tokio::time::sleep(KEY_RECHECK).await;
+        match keys::is_live(app.store.pool(), key_id).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(err) => tracing::warn!(error = %err, "event stream: cannot check its key"),
+        }
+    }
 }
 
 /// A stream's position in the outbox and what wakes it.
 struct Cursor {
     app: Arc<App>,
     org: String,
+    /// The key the stream was opened with; it must be live for anything to be delivered.
+    key_id: String,
     after: i64,
     ready: VecDeque<Event>,
     wake: Wake,
@@ -196,6 +229,14 @@ impl Cursor {
             match list(self.app.store.pool(), &self.org, self.after, STREAM_BATCH).await {
                 Ok(batch) if batch.is_empty() => self.wake.wait().await,
                 Ok(batch) => {
+                    match keys::is_live(self.app.store.pool(), &self.key_id).await {
+                        Ok(true) => {}
+                        Ok(false) => return None,
+                        Err(err) => {
+                            self.failed = true;
+                            return Some((Err(err), self));
+                        }
+                    }
                     self.after = batch.last().map_or(self.after, |e| e.id);
                     self.ready.extend(batch);
                 }

@@ -347,3 +347,14 @@ pub async fn authenticate(pool: &AnyPool, secret: &str) -> Result<Option<Princip
         }
     }))
 }
+
+/// Whether the key with `key_id` still authenticates (it exists and is not revoked). A
+/// long-lived stream asks this to end once its key is revoked.
+pub async fn is_live(pool: &AnyPool, key_id: &str) -> Result<bool> {
+    let live: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM api_keys WHERE id = $1 AND revoked_at IS NULL")
+            .bind(key_id)
+            .fetch_one(pool)
+            .await?;
+    Ok(live > 0)
+}
