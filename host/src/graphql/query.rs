@@ -165,7 +165,8 @@ impl Query {
         Ok(offers.into_iter().map(Offer::from).collect())
     }
 
-    /// The units an org (by default the caller's) could place on now, per node.
+    /// The units an org (by default the caller's) could place on now, per node, on the
+    /// nodes of the pools it owns or is offered.
     async fn catalog(&self, ctx: &Context<'_>, org_id: Option<String>) -> Result<Catalog> {
         let caller = caller(ctx)?;
         let org_id = org_id.unwrap_or_else(|| caller.org_id.clone());
@@ -179,7 +180,8 @@ impl Query {
         Ok(earnings::get(app(ctx), caller(ctx)?, &org_id).await?.into())
     }
 
-    /// Every stored plugin, with the pools it is assigned to and its decision counts.
+    /// Every stored plugin, with the pools it is assigned to (those the caller sees) and its
+    /// decision counts.
     async fn plugins(&self, ctx: &Context<'_>) -> Result<Vec<Plugin>> {
         let plugins = registry::list(app(ctx), caller(ctx)?).await?;
         Ok(plugins.into_iter().map(Plugin::from).collect())

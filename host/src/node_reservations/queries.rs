@@ -1,7 +1,7 @@
 //! Reading node reservations: by node, by id, by audience, and the catalog of what an org
 //! may place on now. Visibility is decided by the rules in the parent module.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 use sqlx::any::AnyRow;
@@ -9,7 +9,7 @@ use sqlx::{AnyConnection, Row as _};
 
 use super::{Lifecycle, Rights, Status, Term, Tier, access, may_read};
 use crate::clock::{format_ms, parse_rfc3339};
-use crate::iam::{Permission, Principal};
+use crate::iam::{OPS_ORG, Permission, Principal};
 use crate::inventory::nodes::{self, Node};
 use crate::inventory::{DeviceClass, UnitClass};
 use crate::store::{flag, json_strings};
@@ -232,8 +232,8 @@ fn record_from_row(
     })
 }
 
-/// A node and the reservations on it, if the caller may read them; otherwise the node is
-/// not found.
+/// A node and the reservations on it the caller may see, if it may read the node's
+/// reservations at all; otherwise the node is not found.
 pub async fn node_for_reader(
     app: &App,
     conn: &mut AnyConnection,
@@ -248,10 +248,25 @@ pub async fn node_for_reader(
     if !may_read(caller, &node.org_id, &rights) {
         return Err(not_found());
     }
+    let records = records
+        .into_iter()
+        .zip(&rights)
+        .filter(|(_, rights)| sees(caller, &node.org_id, rights))
+        .map(|(record, _)| record)
+        .collect();
     Ok((node, records))
 }
 
-/// Every reservation on a node, newest first.
+/// Whether a caller who may read a node's reservations sees `reservation` among them:
+/// platform operators and the node's owner see every one; an org that reads because it
+/// manages reservations there sees only those it manages now (active and inside their
+/// term), not other tenants' audiences, contracts or reasons.
+fn sees(caller: &Principal, node_owner: &str, reservation: &Rights) -> bool {
+    caller.acts_for(node_owner) || reservation.managed_by(&caller.org_id)
+}
+
+/// The reservations on a node the caller sees, newest first: every one for platform
+/// operators and the node's owner, those it manages for a managing org.
 pub async fn list_for_node(
     app: &App,
     caller: &Principal,
@@ -352,8 +367,9 @@ pub struct CatalogUnit {
     pub memory_gib: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nvlink_domain: Option<String>,
-    /// `open`, `reserved` (to this org's audience) or `spot-only` (released to the market).
-    pub tier: Tier,
+    /// `open`, `reserved` (to this org's audience), `spot-only` (released to the market) or
+    /// `booked` (a compute reservation holds it now).
+    pub tier: CatalogTier,
     /// The reservation that reserves or released the unit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<String>,
@@ -362,8 +378,71 @@ pub struct CatalogUnit {
     pub available_until: Option<String>,
 }
 
-/// The sellable units `org_id` could place on now: reserved units only for their audience,
-/// released units to everyone as spot-only, needs-review units to no one.
+/// How an org may use one unit now, as the catalog shows it: the unit's rights ([`Tier`]),
+/// unless a compute reservation holds it now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+#[schema(as = Tier)]
+pub enum CatalogTier {
+    /// No reservation holds the unit now: anyone may place.
+    Open,
+    /// Reserved to the org's audience: only it (and the platform) may place.
+    Reserved,
+    /// Released from a reservation to the spot market: anyone, at spot tier only.
+    SpotOnly,
+    /// A compute reservation (placed, binding or active) holds the unit now.
+    Booked,
+}
+
+impl From<Tier> for CatalogTier {
+    fn from(tier: Tier) -> Self {
+        match tier {
+            Tier::Open => CatalogTier::Open,
+            Tier::Reserved => CatalogTier::Reserved,
+            Tier::SpotOnly => CatalogTier::SpotOnly,
+        }
+    }
+}
+
+/// The nodes `org_id` could place on: those of the pools it owns or is offered that are not
+/// archived (the pools it may book into); every node for the ops org.
+async fn catalog_node_ids(
+    conn: &mut AnyConnection,
+    org_id: &str,
+) -> Result<Option<HashSet<String>>> {
+    if org_id == OPS_ORG {
+        return Ok(None);
+    }
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT pn.node_id FROM pool_nodes pn JOIN pools p ON p.id = pn.pool_id
+         WHERE p.archived_at IS NULL
+           AND (p.owner_org_id = $1 OR p.id IN (SELECT pool_id FROM offers WHERE tenant_id = $1))",
+    )
+    .bind(org_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Some(ids.into_iter().collect()))
+}
+
+/// The units a compute reservation holds at `now` (an active booking whose window contains
+/// it), as `(node id, unit id)`.
+async fn booked_units(conn: &mut AnyConnection, now: i64) -> Result<HashSet<(String, String)>> {
+    let rows = sqlx::query(
+        "SELECT node_id, unit_id FROM bookings WHERE active = $1 AND start_ms <= $2 AND end_ms > $2",
+    )
+    .bind(true)
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get("node_id"), r.get("unit_id")))
+        .collect())
+}
+
+/// The sellable units `org_id` could place on now, on the nodes of the pools it may book
+/// into: reserved units only for their audience, released units to everyone as spot-only,
+/// needs-review units to no one; a unit a compute reservation holds now shows as booked.
 pub async fn catalog(app: &App, caller: &Principal, org_id: &str) -> Result<Catalog> {
     if !caller.acts_for(org_id)
         || !(caller.has(Permission::ReservationRead) || caller.has(Permission::ComputeRead))
@@ -379,6 +458,8 @@ pub async fn catalog(app: &App, caller: &Principal, org_id: &str) -> Result<Cata
     let now = app.now_ms();
     let mut conn = app.store.pool().acquire().await?;
     let all_nodes = nodes::all(&mut conn).await?;
+    let offered = catalog_node_ids(&mut conn, org_id).await?;
+    let booked = booked_units(&mut conn, now).await?;
     let records = load(&mut conn, Filter::LiveAt(now), "").await?;
     let rights: Vec<(Rights, &Record)> = records.iter().map(|r| (r.rights(now), r)).collect();
     let mut claims: HashMap<(&str, &str), Vec<&Rights>> = HashMap::new();
@@ -391,7 +472,8 @@ pub async fn catalog(app: &App, caller: &Principal, org_id: &str) -> Result<Cata
         }
     }
     let mut catalog_nodes = Vec::new();
-    for node in &all_nodes {
+    let in_catalog = |node: &Node| offered.as_ref().is_none_or(|ids| ids.contains(&node.id));
+    for node in all_nodes.iter().filter(|n| in_catalog(n)) {
         let mut units = Vec::new();
         for unit in node.units.iter().filter(|u| u.sellable) {
             let on_unit = claims
@@ -408,6 +490,11 @@ pub async fn catalog(app: &App, caller: &Principal, org_id: &str) -> Result<Cata
                 .map(|r| r.term.starts_at)
                 .min()
                 .map(format_ms);
+            let tier = if booked.contains(&(node.id.clone(), unit.id.clone())) {
+                CatalogTier::Booked
+            } else {
+                tier.into()
+            };
             units.push(CatalogUnit {
                 id: unit.id.clone(),
                 class: unit.class,

@@ -2,6 +2,8 @@
 //! database (so every replica can load them), validated against the worlds before they are
 //! accepted.
 
+use std::collections::HashSet;
+
 use serde::Serialize;
 use serde_json::json;
 use sqlx::any::AnyRow;
@@ -29,7 +31,8 @@ pub struct Plugin {
     pub world: World,
     pub size: i64,
     pub created_at: String,
-    /// Pools whose policies name it.
+    /// Pools whose policies name it, among those the caller sees (all of them for
+    /// platform operators).
     pub assigned_to: Vec<String>,
 }
 
@@ -143,11 +146,40 @@ pub async fn bytes(conn: &mut AnyConnection, id: &str) -> Result<Option<Vec<u8>>
     )
 }
 
+/// The pools the caller sees (those its org owns or is offered), or `None` for platform
+/// operators, who see every pool.
+async fn visible_pools(
+    conn: &mut AnyConnection,
+    caller: &Principal,
+) -> Result<Option<HashSet<String>>> {
+    if caller.is_ops() {
+        return Ok(None);
+    }
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM pools WHERE owner_org_id = $1
+         OR id IN (SELECT pool_id FROM offers WHERE tenant_id = $1)",
+    )
+    .bind(&caller.org_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Some(ids.into_iter().collect()))
+}
+
+/// `plugin` as the caller may see it: `assignedTo` names only the pools it sees.
+fn as_seen(mut plugin: Plugin, visible: Option<&HashSet<String>>) -> Plugin {
+    if let Some(visible) = visible {
+        plugin.assigned_to.retain(|pool| visible.contains(pool));
+    }
+    plugin
+}
+
+/// Every stored plugin, each naming the pools it is assigned to that the caller sees.
 pub async fn list(app: &App, caller: &Principal) -> Result<Vec<Plugin>> {
     if !may_read(caller) {
         return Err(Error::NotFound("plugins not found".into()));
     }
     let mut conn = app.store.pool().acquire().await?;
+    let visible = visible_pools(&mut conn, caller).await?;
     let rows = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM plugins ORDER BY created_at, id"
     ))
@@ -155,15 +187,19 @@ pub async fn list(app: &App, caller: &Principal) -> Result<Vec<Plugin>> {
     .await?;
     let mut plugins = Vec::with_capacity(rows.len());
     for row in &rows {
-        plugins.push(from_row(&mut conn, row).await?);
+        plugins.push(as_seen(from_row(&mut conn, row).await?, visible.as_ref()));
     }
     Ok(plugins)
 }
 
+/// One stored plugin, naming the pools it is assigned to that the caller sees.
 pub async fn get(app: &App, caller: &Principal, id: &str) -> Result<Plugin> {
     let mut conn = app.store.pool().acquire().await?;
     match find(&mut conn, id).await? {
-        Some(plugin) if may_read(caller) => Ok(plugin),
+        Some(plugin) if may_read(caller) => {
+            let visible = visible_pools(&mut conn, caller).await?;
+            Ok(as_seen(plugin, visible.as_ref()))
+        }
         _ => Err(Error::not_found(format_args!("plugin {id}"))),
     }
 }

@@ -46,8 +46,8 @@ async fn create(
     ))
 }
 
-/// Every reservation on a node: for platform operators, the node's owner, and orgs
-/// managing an active reservation on it.
+/// The reservations on a node: every one for platform operators and the node's owner; for
+/// an org managing an active reservation on it, the reservations it manages.
 #[utoipa::path(get, path = "/v1/nodes/{nodeId}/reservations", tag = "node-reservations",
     params(("nodeId" = String, Path)),
     responses((status = 200, body = Vec<NodeReservation>), (status = 404, body = ErrorEnvelope)))]
@@ -59,7 +59,8 @@ async fn list_for_node(
     Ok(Json(queries::list_for_node(&app, &caller, &node_id).await?))
 }
 
-/// One reservation on a node, readable by the same orgs as the list.
+/// One reservation on a node, readable by the same orgs as the list: a managing org reads
+/// only a reservation it manages.
 #[utoipa::path(get, path = "/v1/nodes/{nodeId}/reservations/{id}", tag = "node-reservations",
     params(("nodeId" = String, Path), ("id" = String, Path)),
     responses((status = 200, body = NodeReservation), (status = 404, body = ErrorEnvelope)))]
@@ -162,8 +163,10 @@ async fn list_for_org(
     ))
 }
 
-/// The units an org could place on now, per node: reserved units only for their audience,
-/// released units to everyone as spot-only, needs-review units to no one.
+/// The units an org could place on now, per node, on the nodes of the pools it owns or is
+/// offered: reserved units only for their audience, released units to everyone as
+/// spot-only, needs-review units to no one; a unit a compute reservation holds now is
+/// `booked`.
 #[utoipa::path(get, path = "/v1/orgs/{orgId}/catalog", tag = "node-reservations",
     params(("orgId" = String, Path)),
     responses((status = 200, body = Catalog), (status = 404, body = ErrorEnvelope)))]

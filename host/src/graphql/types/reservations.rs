@@ -176,7 +176,7 @@ pub struct CatalogUnit {
     #[graphql(name = "memoryGiB")]
     pub memory_gib: i64,
     pub nvlink_domain: Option<String>,
-    /// `open`, `reserved` or `spot-only`.
+    /// `open`, `reserved`, `spot-only` or `booked` (a compute reservation holds it now).
     pub tier: String,
     pub reservation_id: Option<String>,
     pub available_until: Option<String>,
