@@ -163,6 +163,7 @@ async fn the_cli_reserves_and_releases_units_as_in_the_seed(db: Db) {
     assert_eq!(spot, json!({ "terminated": [], "skipped": [] }));
     let listed = orl(&server, &provider, &["reservations", "list", "n1"]).await;
     assert!(listed.contains(id) && listed.contains("active"), "{listed}");
+    pool_offered_to_tenant(&server).await;
     let catalog = orl(&server, &admin, &["catalog", "tenant-a"]).await;
     assert!(
         catalog.contains("n1-gpu0") && catalog.contains("reserved"),

@@ -21,3 +21,4 @@ mod orgs;
 mod plugins;
 mod spot;
 mod system;
+mod visibility;

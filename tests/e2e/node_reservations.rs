@@ -669,6 +669,27 @@ async fn reaffirm_is_refused_when_units_are_gone(db: Db) {
 
 async fn catalog_shows_reserved_units_only_to_their_audience(db: Db) {
     let w = world(db).await;
+    // The catalog shows the nodes of the pools an org may book into.
+    let (status, pool) = w
+        .server
+        .admin()
+        .post(
+            "/v1/pools",
+            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": ["n1"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{pool}");
+    for tenant in ["tenant-a", "stranger"] {
+        let (status, offer) = w
+            .server
+            .admin()
+            .post(
+                &format!("/v1/pools/{}/offers", pool["id"].as_str().unwrap()),
+                json!({ "tenantId": tenant, "quota": { "gpu": 8 } }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{offer}");
+    }
     let r = w
         .reserve(json!({ "unitIds": ["n1-gpu0", "n1-gpu1"], "allowedOrgIds": ["tenant-a"] }))
         .await;
