@@ -77,7 +77,20 @@ impl Error {
 }
 
 impl From<sqlx::Error> for Error {
+    /// A transaction PostgreSQL aborted because it raced another (a deadlock or a
+    /// serialization failure) is the caller's to retry, a `CONFLICT`; anything else is a
+    /// fault, logged with its cause.
     fn from(err: sqlx::Error) -> Self {
+        let code = err
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.into_owned());
+        if matches!(code.as_deref(), Some("40P01" | "40001")) {
+            return Error::conflict(
+                "the request raced a concurrent change and was rolled back; retry",
+                Some(serde_json::json!({ "reason": "transaction-conflict" })),
+            );
+        }
         Error::Internal(anyhow::Error::new(err).context("database"))
     }
 }

@@ -159,6 +159,42 @@ impl Server {
         }
     }
 
+    /// Another `orl serve` on this server's PostgreSQL database, with its own data
+    /// directory and manual clock (a replica: the database outlives it).
+    pub async fn replica(&self) -> Server {
+        assert!(
+            self.db.url.is_some(),
+            "replicas share a PostgreSQL database"
+        );
+        let database = Database {
+            url: self.db.url.clone(),
+            postgres_name: None,
+        };
+        let data_dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            admin_key: Some(self.admin.clone()),
+            ..Options::default()
+        };
+        let (child, url, banner) = spawn(data_dir.path(), &database, &options).await;
+        Server {
+            child: Some(child),
+            url,
+            admin: self.admin.clone(),
+            banner,
+            data_dir,
+            db: database,
+        }
+    }
+
+    /// A connection to the server's database, to check what the API does not show.
+    pub async fn database(&self) -> sqlx::AnyConnection {
+        let url = self.db.url.clone().unwrap_or_else(|| {
+            format!("sqlite://{}", self.data_dir.path().join("orl.db").display())
+        });
+        sqlx::any::install_default_drivers();
+        sqlx::AnyConnection::connect(&url).await.unwrap()
+    }
+
     /// Stops the server with SIGTERM and waits for it; returns whether it exited cleanly.
     pub async fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else {
@@ -470,15 +506,7 @@ pub async fn audit_count(server: &Server) -> usize {
 /// The id a create with `key` by the tenant's first key was given (read from the
 /// database, for drafts and refused requests the API does not show).
 pub async fn reservation_id_of(server: &Server, tenant: &str, key: &str) -> String {
-    use sqlx::Connection as _;
-    let url = server.db.url.clone().unwrap_or_else(|| {
-        format!(
-            "sqlite://{}",
-            server.data_dir.path().join("orl.db").display()
-        )
-    });
-    sqlx::any::install_default_drivers();
-    let mut conn = sqlx::AnyConnection::connect(&url).await.unwrap();
+    let mut conn = server.database().await;
     sqlx::query_scalar(
         "SELECT id FROM compute_reservations WHERE tenant_id = $1 AND idempotency_key = $2",
     )

@@ -447,8 +447,9 @@ pub(super) async fn check_budget(
     }
 }
 
-/// Charges quota and places, in one transaction: `placed`, or `pending` (`Unschedulable` or
-/// `Queued`). A charge that does not fit is `QUOTA_EXCEEDED` and leaves the draft.
+/// Places and charges quota, in one transaction: `placed`, or `pending` (`Unschedulable` or
+/// `Queued`). A charge that does not fit is `QUOTA_EXCEEDED` and undoes the placement,
+/// leaving the draft.
 async fn charge_and_place(
     app: &App,
     caller: &Principal,
@@ -469,6 +470,10 @@ async fn charge_and_place(
     let now = app.now_ms();
     r.version = current.version;
     check_budget(app, &mut tx, pool, offer, &r).await?;
+    r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
+    // Place first, then charge: the rows every placement locks (node reservations, then
+    // quota) are taken in the order a reclaim takes them, so the two never deadlock.
+    let placed = try_place(app, &mut tx, pool, &mut r, now).await?;
     let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
     if let Some(resource) =
         store::apply_charge(&mut tx, &r.pool_id, &r.tenant_id, &charge, 1, Some(&limits)).await?
@@ -487,8 +492,6 @@ async fn charge_and_place(
         });
     }
     r.charge = Some(charge);
-    r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
-    let placed = try_place(app, &mut tx, pool, &mut r, now).await?;
     r.operate("create", now);
     if !store::update(&mut tx, &mut r).await? {
         return Err(super::lifecycle::changed_concurrently(&r));

@@ -163,11 +163,12 @@ async fn place_now(
     }
     let (node_index, _) = offer.index[choice.units[0] as usize];
     let node = &snapshot.nodes[node_index];
-    let units: Vec<String> = choice
+    let chosen: Vec<String> = choice
         .units
         .iter()
         .map(|u| node.units[offer.index[*u as usize].1].id.clone())
         .collect();
+    let units = Snapshot::booked_units(node, r, chosen);
     if !Snapshot::rights_still_allow(conn, app.store.for_share(), r, &node.id, &units, now).await? {
         return Ok(Err(CLAIMED_CONCURRENTLY.into()));
     }

@@ -246,7 +246,8 @@ pub async fn renew(
             r.state.as_str()
         )));
     }
-    r.lease_deadline_ms = Some(now + lease * 1000);
+    // A lease counts from the start: renewing before it opens cannot make it lapse early.
+    r.lease_deadline_ms = Some(r.start_ms.max(now) + lease * 1000);
     r.operate("renew", now);
     if !store::update(&mut tx, &mut r).await? {
         return Err(changed_concurrently(&r));

@@ -316,6 +316,31 @@ impl Snapshot {
         }))
     }
 
+    /// Whether `r` may have all of `node`: no booking or host booking holds any of it over
+    /// the window, and the node reservations let `r` place on every sellable unit.
+    fn wholly_free(&self, node: &Node, r: &Reservation) -> bool {
+        !self.host_used.contains_key(&node.id)
+            && node.units.iter().filter(|u| u.sellable).all(|unit| {
+                let key = (node.id.clone(), unit.id.clone());
+                let claims = self.claims.get(&key).map_or(&[][..], Vec::as_slice);
+                !self.holds.contains_key(&key) && may_place(&r.tenant_id, &unit.id, claims, r.spot)
+            })
+    }
+
+    /// The units a placement on `node` books: those the placer chose, or for a node
+    /// binding every sellable unit of the node.
+    pub fn booked_units(node: &Node, r: &Reservation, chosen: Vec<String>) -> Vec<String> {
+        if r.binding == super::Binding::Node {
+            node.units
+                .iter()
+                .filter(|u| u.sellable)
+                .map(|u| u.id.clone())
+                .collect()
+        } else {
+            chosen
+        }
+    }
+
     /// The per-GPU share of host resources in this pool: the policy's, or the smallest any
     /// of its GPU hosts can give.
     pub fn per_gpu_share(&self, policy: &crate::pools::PoolPolicy) -> Option<crate::pools::PerGpu> {
@@ -387,6 +412,10 @@ impl Snapshot {
                 &self.host_used
             };
             if !has_room(&node.host, host_used.get(&node.id), reservation.resources) {
+                continue;
+            }
+            // A node binding hands the whole node over: only a node nothing else holds.
+            if reservation.binding == super::Binding::Node && !self.wholly_free(node, reservation) {
                 continue;
             }
             let mut domains: Vec<String> = Vec::new();

@@ -452,6 +452,15 @@ pub async fn release(
     let mut tx = app.store.begin().await?;
     let (node, mut record) =
         load_for_capacity(app, &mut tx, caller, node_id, id, &body.unit_ids, now).await?;
+    if body
+        .unit_ids
+        .iter()
+        .all(|u| record.released_unit_ids.contains(u))
+    {
+        // Already released: a retry changes nothing, and records nothing.
+        tx.rollback().await?;
+        return Ok(record.view(now));
+    }
     mark_released(&mut tx, &mut record, &body.unit_ids, true, now).await?;
     let details = json!({ "unitIds": body.unit_ids, "reason": body.reason });
     let change = Change {

@@ -1,0 +1,137 @@
+//! The rules that must hold after any sequence of requests, read from the database itself:
+//! no unit booked (or billed) twice, quota equal to the sum of live charges, bookings
+//! consistent with states, and one terminal event per ended reservation.
+
+use std::collections::BTreeMap;
+
+use sqlx::Row as _;
+
+use crate::support::Server;
+
+const LIVE: [&str; 4] = ["placed", "binding", "active", "releasing"];
+const TERMINAL: [&str; 5] = ["released", "failed", "cancelled", "expired", "denied"];
+const TERMINAL_EVENTS: [&str; 5] = [
+    "reservation.released",
+    "reservation.failed",
+    "reservation.cancelled",
+    "reservation.expired",
+    "reservation.denied",
+];
+
+/// Asserts every invariant on `server`'s database; the message names the first broken one.
+pub async fn check(server: &Server) {
+    let mut db = server.database().await;
+
+    // No two bookings of one unit overlap in time, active or not: a unit is never held, nor
+    // billed, twice.
+    let overlaps: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM bookings a JOIN bookings b
+           ON a.node_id = b.node_id AND a.unit_id = b.unit_id AND a.reservation_id < b.reservation_id
+         WHERE a.start_ms < b.end_ms AND b.start_ms < a.end_ms
+           AND a.end_ms > a.start_ms AND b.end_ms > b.start_ms",
+    )
+    .fetch_one(&mut db)
+    .await
+    .unwrap();
+    assert_eq!(overlaps, 0, "two bookings of one unit overlap");
+
+    // Quota in use is the sum of the charges of reservations that hold one.
+    let mut charged: BTreeMap<(String, String, String), i64> = BTreeMap::new();
+    let rows = sqlx::query(
+        "SELECT pool_id, tenant_id, state, charge FROM compute_reservations WHERE charge IS NOT NULL",
+    )
+    .fetch_all(&mut db)
+    .await
+    .unwrap();
+    for row in &rows {
+        let state: String = row.get("state");
+        assert!(
+            !TERMINAL.contains(&state.as_str()),
+            "a {state} reservation still holds a charge"
+        );
+        let charge: BTreeMap<String, i64> =
+            serde_json::from_str(&row.get::<String, _>("charge")).unwrap();
+        for (resource, amount) in charge {
+            *charged
+                .entry((row.get("pool_id"), row.get("tenant_id"), resource))
+                .or_default() += amount;
+        }
+    }
+    let used = sqlx::query("SELECT pool_id, tenant_id, resource, used FROM quota_usage")
+        .fetch_all(&mut db)
+        .await
+        .unwrap();
+    for row in &used {
+        let key = (
+            row.get("pool_id"),
+            row.get("tenant_id"),
+            row.get("resource"),
+        );
+        let used: i64 = row.get("used");
+        assert_eq!(
+            used,
+            charged.remove(&key).unwrap_or(0),
+            "quota in use for {key:?} differs from the live charges"
+        );
+    }
+    charged.retain(|_, amount| *amount != 0);
+    assert!(
+        charged.is_empty(),
+        "charges without quota usage: {charged:?}"
+    );
+
+    // Bookings follow states: a live reservation holds active bookings, an ended one none
+    // (unless its node still holds the devices).
+    let rows = sqlx::query(
+        "SELECT r.id, r.state, r.conditions,
+                (SELECT COUNT(*) FROM bookings b WHERE b.reservation_id = r.id AND b.active = $1) AS active
+         FROM compute_reservations r",
+    )
+    .bind(true)
+    .fetch_all(&mut db)
+    .await
+    .unwrap();
+    for row in &rows {
+        let id: String = row.get("id");
+        let state: String = row.get("state");
+        let active: i64 = row.get("active");
+        let held = row.get::<String, _>("conditions").contains("DevicesHeld");
+        if LIVE.contains(&state.as_str()) {
+            assert!(active > 0, "{state} reservation {id} holds no booking");
+        } else if !held {
+            assert_eq!(active, 0, "{state} reservation {id} still holds bookings");
+        }
+    }
+
+    // One terminal event per ended reservation, and nothing after it.
+    let rows = sqlx::query("SELECT object_id, type FROM events ORDER BY seq")
+        .fetch_all(&mut db)
+        .await
+        .unwrap();
+    let mut ended: BTreeMap<String, String> = BTreeMap::new();
+    for row in &rows {
+        let id: String = row.get("object_id");
+        let kind: String = row.get("type");
+        if !kind.starts_with("reservation.") || kind == "reservation.allocation-released" {
+            continue;
+        }
+        if let Some(first) = ended.get(&id) {
+            panic!("reservation {id}: {kind} after {first}");
+        }
+        if TERMINAL_EVENTS.contains(&kind.as_str()) {
+            ended.insert(id, kind);
+        }
+    }
+    let terminal: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM compute_reservations WHERE state IN ('released', 'failed', 'cancelled', 'expired', 'denied')",
+    )
+    .fetch_all(&mut db)
+    .await
+    .unwrap();
+    for id in terminal {
+        assert!(
+            ended.contains_key(&id),
+            "reservation {id} ended without its event"
+        );
+    }
+}

@@ -1,0 +1,447 @@
+//! Different operations racing each other on one reservation, on several replicas where the
+//! database allows it (three `orl serve` on one PostgreSQL; one process owns a SQLite
+//! file). After each race the database must satisfy [`invariants::check`], and no request
+//! may answer 5xx.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::Row as _;
+
+use crate::invariants;
+use crate::support::{Api, Db, Server, T0, on_both_databases, register_node};
+
+const MIN: i64 = 60_000;
+const HOUR: i64 = 60 * MIN;
+
+/// A provider with `nodes` nodes of 8 H100s in one pool, offered to `tenant-a` with a
+/// quota of `gpus`, served by one server (SQLite) or three replicas (PostgreSQL).
+struct Fleet {
+    servers: Vec<Server>,
+    pool: String,
+    /// A tenant-a key.
+    key: String,
+}
+
+async fn fleet(db: Db, nodes: usize, gpus: i64, policy: Value) -> Fleet {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    let node_ids: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
+    for node in &node_ids {
+        register_node(&provider, "acme", node, 8).await;
+    }
+    server.org_with_key("tenant-a", "member").await;
+    let key = server.key_in("tenant-a", json!({ "role": "member" })).await;
+    let admin = server.admin();
+    let (status, pool) = admin
+        .post(
+            "/v1/pools",
+            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": node_ids, "policy": policy }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{pool}");
+    let pool = pool["id"].as_str().unwrap().to_string();
+    let (status, offer) = admin
+        .post(
+            &format!("/v1/pools/{pool}/offers"),
+            json!({ "tenantId": "tenant-a", "quota": { "gpu": gpus } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{offer}");
+    let mut servers = vec![server];
+    if db == Db::Postgres {
+        for _ in 0..2 {
+            let replica = servers[0].replica().await;
+            servers.push(replica);
+        }
+    }
+    Fleet { servers, pool, key }
+}
+
+impl Fleet {
+    /// The tenant's client on replica `i` (round robin).
+    fn tenant(&self, i: usize) -> Api {
+        self.servers[i % self.servers.len()].as_key(&self.key)
+    }
+
+    fn ask(&self, key: &str, gpus: i64, start: Option<i64>) -> Value {
+        let mut body = json!({ "tenantId": "tenant-a", "poolId": self.pool,
+            "devices": [{ "class": "gpu", "count": gpus }], "duration": "2h", "idempotencyKey": key });
+        if let Some(start) = start {
+            body["start"] = json!(start);
+        }
+        body
+    }
+
+    async fn create(&self, i: usize, body: Value) -> Value {
+        let (status, r) = rpc(&self.tenant(i), "create", body).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        r
+    }
+
+    async fn get(&self, id: &Value) -> Value {
+        let (status, r) = rpc(
+            &self.tenant(0),
+            "get",
+            json!({ "tenantId": "tenant-a", "reservationId": id }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        r
+    }
+
+    /// Moves every replica's clock to `ms` at once; each reconciles on its own.
+    async fn set_clocks(&self, ms: i64) {
+        let moves = self.servers.iter().map(|s| s.set_clock(ms));
+        futures::future::join_all(moves).await;
+    }
+}
+
+async fn rpc(api: &Api, method: &str, body: Value) -> (StatusCode, Value) {
+    api.post(&format!("/api/compute/reservations/{method}"), body)
+        .await
+}
+
+/// Runs every future at once on the runtime's threads and answers their outputs in order.
+async fn all<T: Send + 'static>(
+    futures: Vec<impl std::future::Future<Output = T> + Send + 'static>,
+) -> Vec<T> {
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for handle in handles {
+        out.push(handle.await.unwrap());
+    }
+    out
+}
+
+#[track_caller]
+fn assert_not_5xx(status: StatusCode, body: &Value) {
+    assert!(!status.is_server_error(), "{status} {body}");
+}
+
+/// The earliest start and latest end of a reservation's bookings.
+async fn booked_window(server: &Server, id: &Value) -> (i64, i64) {
+    let mut db = server.database().await;
+    let row = sqlx::query(
+        "SELECT MIN(start_ms) AS s, MAX(end_ms) AS e FROM bookings WHERE reservation_id = $1",
+    )
+    .bind(id.as_str().unwrap())
+    .fetch_one(&mut db)
+    .await
+    .unwrap();
+    (row.get("s"), row.get("e"))
+}
+
+on_both_databases!(
+    reservations_ending_together_on_every_replica_are_refunded_once,
+    an_extend_racing_activation_is_never_lost,
+    an_extend_racing_a_create_answers_available_until_not_500,
+    an_extend_racing_release_never_extends_a_released_reservation,
+    a_spot_create_racing_a_reclaim_never_survives_it,
+    a_reservation_placed_late_books_from_when_it_was_placed,
+    a_lease_with_a_future_start_counts_from_the_start,
+    a_node_binding_books_the_whole_node,
+);
+
+/// 120 reservations end at the same millisecond while every replica reconciles and the
+/// tenant releases a third of them: each ends once, is refunded once, and the reconciler
+/// keeps working afterwards.
+async fn reservations_ending_together_on_every_replica_are_refunded_once(db: Db) {
+    let f = fleet(db, 15, 200, json!({})).await;
+    let mut ids = Vec::new();
+    for i in 0..120 {
+        let r = f.create(i, f.ask(&format!("k-{i}"), 1, None)).await;
+        assert_eq!(r["state"], "placed", "{r}");
+        ids.push(r["id"].clone());
+    }
+    f.set_clocks(T0 + MIN).await;
+    let end = T0 + 2 * HOUR;
+    let mut races: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+        Vec::new();
+    for (i, server) in f.servers.iter().enumerate() {
+        let admin = server.admin();
+        races.push(Box::pin(async move {
+            let (status, body) = admin.post("/v1/clock", json!({ "nowMs": end })).await;
+            assert_eq!(status, StatusCode::OK, "replica {i}: {body}");
+        }));
+    }
+    for (i, id) in ids.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        let tenant = f.tenant(i);
+        let id = id.clone();
+        races.push(Box::pin(async move {
+            let (status, body) = rpc(
+                &tenant,
+                "release",
+                json!({ "tenantId": "tenant-a", "reservationId": id }),
+            )
+            .await;
+            assert_not_5xx(status, &body);
+        }));
+    }
+    all(races).await;
+    for id in &ids {
+        let r = f.get(id).await;
+        assert!(
+            r["state"] == "expired" || r["state"] == "released",
+            "{id}: {}",
+            r["state"]
+        );
+    }
+    invariants::check(&f.servers[0]).await;
+    // The reconciler still moves reservations on every replica.
+    let later = f.create(1, f.ask("k-after", 8, Some(end + HOUR))).await;
+    f.set_clocks(end + HOUR).await;
+    assert_eq!(f.get(&later["id"]).await["state"], "active");
+    invariants::check(&f.servers[0]).await;
+}
+
+/// Thirty placed reservations start at once while each is extended: every extend that
+/// answered `extended: true` keeps its end, and the bookings end where the reservation does.
+async fn an_extend_racing_activation_is_never_lost(db: Db) {
+    let f = fleet(db, 4, 64, json!({})).await;
+    let start = T0 + HOUR;
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let r = f.create(i, f.ask(&format!("k-{i}"), 1, Some(start))).await;
+        assert_eq!(r["state"], "placed", "{r}");
+        ids.push(r["id"].clone());
+    }
+    let mut extends = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let tenant = f.tenant(i);
+        let body = json!({ "tenantId": "tenant-a", "reservationId": id, "by": "1h", "idempotencyKey": format!("x-{i}") });
+        extends.push(tokio::spawn(
+            async move { rpc(&tenant, "extend", body).await },
+        ));
+    }
+    f.set_clocks(start).await;
+    let mut answers = Vec::new();
+    for extend in extends {
+        answers.push(extend.await.unwrap());
+    }
+    // Activation runs again on a second pass for any reservation an extend changed.
+    f.set_clocks(start + 1).await;
+    for (id, (status, body)) in ids.iter().zip(answers) {
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["extended"], true, "{body}");
+        let r = f.get(id).await;
+        assert_eq!(r["state"], "active", "{r}");
+        assert_eq!(r["end"], start + 3 * HOUR, "the extended end was kept: {r}");
+        assert_eq!(booked_window(&f.servers[0], id).await.1, start + 3 * HOUR);
+        let body = json!({ "tenantId": "tenant-a", "reservationId": id, "by": "1h", "idempotencyKey": "again" });
+        let (status, again) = rpc(&f.tenant(0), "extend", body).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "no extend is left in flight: {again}"
+        );
+    }
+    invariants::check(&f.servers[0]).await;
+}
+
+/// Each of four nodes is held whole until T0+2h; an extend of each races a create that
+/// books the whole node from T0+2h. Either may win, but neither answers 5xx, and an extend
+/// that lost names when the next booking starts.
+async fn an_extend_racing_a_create_answers_available_until_not_500(db: Db) {
+    let f = fleet(db, 4, 64, json!({})).await;
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let r = f.create(i, f.ask(&format!("k-{i}"), 8, None)).await;
+        assert_eq!(r["state"], "placed", "{r}");
+        held.push(r["id"].clone());
+    }
+    let mut races = Vec::new();
+    for (i, id) in held.iter().enumerate() {
+        let extend = json!({ "tenantId": "tenant-a", "reservationId": id, "by": "1h", "idempotencyKey": format!("x-{i}") });
+        let create = f.ask(&format!("later-{i}"), 8, Some(T0 + 2 * HOUR));
+        let (a, b) = (f.tenant(i), f.tenant(i + 1));
+        races.push(tokio::spawn(async move {
+            tokio::join!(rpc(&a, "extend", extend), rpc(&b, "create", create))
+        }));
+    }
+    let mut extended = 0;
+    for race in races {
+        let ((status, extend), (create_status, create)) = race.await.unwrap();
+        assert_not_5xx(create_status, &create);
+        assert_eq!(status, StatusCode::OK, "{extend}");
+        if extend["extended"] == true {
+            extended += 1;
+            assert_eq!(extend["reservation"]["end"], T0 + 3 * HOUR);
+        } else {
+            assert_eq!(extend["availableUntil"], T0 + 2 * HOUR, "{extend}");
+            assert_eq!(create["state"], "placed", "{create}");
+        }
+    }
+    let later: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM compute_reservations WHERE state = 'placed' AND start_ms = $1",
+    )
+    .bind(T0 + 2 * HOUR)
+    .fetch_one(&mut f.servers[0].database().await)
+    .await
+    .unwrap();
+    assert_eq!(
+        later,
+        4 - extended,
+        "every node went to exactly one of the two"
+    );
+    invariants::check(&f.servers[0]).await;
+}
+
+/// Twenty reservations are each extended and released at once: an extend never answers
+/// `extended: true` for a reservation that ends released, unless it came first, and no
+/// `reservation.extended` follows a `reservation.released`.
+async fn an_extend_racing_release_never_extends_a_released_reservation(db: Db) {
+    let f = fleet(db, 3, 64, json!({})).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let r = f.create(i, f.ask(&format!("k-{i}"), 1, None)).await;
+        ids.push(r["id"].clone());
+    }
+    let mut races = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let extend = json!({ "tenantId": "tenant-a", "reservationId": id, "by": "1h", "idempotencyKey": format!("x-{i}") });
+        let release = json!({ "tenantId": "tenant-a", "reservationId": id });
+        let (a, b) = (f.tenant(i), f.tenant(i + 1));
+        races.push(tokio::spawn(async move {
+            tokio::join!(rpc(&a, "extend", extend), rpc(&b, "release", release))
+        }));
+    }
+    for (id, race) in ids.iter().zip(races) {
+        let ((status, extend), (release_status, release)) = race.await.unwrap();
+        assert_eq!(release_status, StatusCode::OK, "{release}");
+        assert_eq!(release["state"], "released");
+        assert_not_5xx(status, &extend);
+        if status == StatusCode::OK && extend["extended"] == true {
+            assert_ne!(extend["reservation"]["state"], "released", "{extend}");
+        }
+        let (_, end) = booked_window(&f.servers[0], id).await;
+        assert_eq!(end, T0, "released at once, whatever the extend did");
+    }
+    invariants::check(&f.servers[0]).await;
+}
+
+/// A node reservation releases all of n1 to spot; spot creates race a reclaim of those
+/// units. Whatever order they commit in, no live spot reservation keeps a booking on a
+/// reclaimed unit.
+async fn a_spot_create_racing_a_reclaim_never_survives_it(db: Db) {
+    let f = fleet(db, 1, 64, json!({})).await;
+    let admin = f.servers[0].admin();
+    f.servers[0].org_with_key("anchor", "member").await;
+    let units: Vec<String> = (0..8).map(|g| format!("n1-gpu{g}")).collect();
+    let (status, nr) = admin
+        .post(
+            "/v1/nodes/n1/reservations",
+            json!({ "unitIds": units, "allowedOrgIds": ["anchor"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{nr}");
+    let nr = nr["id"].as_str().unwrap().to_string();
+    for round in 0..5 {
+        let (status, body) = admin
+            .post(
+                &format!("/v1/nodes/n1/reservations/{nr}/release"),
+                json!({ "unitIds": units }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let mut creates = Vec::new();
+        for i in 0..8 {
+            let mut body = f.ask(&format!("spot-{round}-{i}"), 1, None);
+            body["spot"] = json!(true);
+            let tenant = f.tenant(i);
+            creates.push(tokio::spawn(
+                async move { rpc(&tenant, "create", body).await },
+            ));
+        }
+        let reclaimer = f.servers[round % f.servers.len()].admin();
+        let path = format!("/v1/nodes/n1/reservations/{nr}/reclaim");
+        let (status, reclaim) = reclaimer.post(&path, json!({ "unitIds": units })).await;
+        assert_eq!(status, StatusCode::OK, "{reclaim}");
+        for create in creates {
+            let (status, body) = create.await.unwrap();
+            assert_not_5xx(status, &body);
+        }
+        let survivors: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM bookings b JOIN compute_reservations r ON r.id = b.reservation_id
+             WHERE b.active = $1 AND b.spot = $1 AND r.state IN ('placed', 'binding', 'active')",
+        )
+        .bind(true)
+        .fetch_one(&mut f.servers[0].database().await)
+        .await
+        .unwrap();
+        assert_eq!(
+            survivors, 0,
+            "round {round}: spot work survived the reclaim"
+        );
+        invariants::check(&f.servers[0]).await;
+    }
+}
+
+/// A reservation that waited for capacity books from when it was placed, not from when it
+/// was asked for, so the unit is never billed to two reservations at once.
+async fn a_reservation_placed_late_books_from_when_it_was_placed(db: Db) {
+    let f = fleet(db, 1, 64, json!({})).await;
+    let first = f.create(0, f.ask("first", 8, None)).await;
+    let waiting = f.create(0, f.ask("waiting", 8, None)).await;
+    assert_eq!(waiting["state"], "pending");
+    f.set_clocks(T0 + 10 * MIN).await;
+    let (status, body) = rpc(
+        &f.tenant(0),
+        "release",
+        json!({ "tenantId": "tenant-a", "reservationId": first["id"] }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let placed = f.get(&waiting["id"]).await;
+    assert_eq!(placed["state"], "placed", "{placed}");
+    assert_eq!(
+        booked_window(&f.servers[0], &waiting["id"]).await,
+        (T0 + 10 * MIN, T0 + 2 * HOUR)
+    );
+    invariants::check(&f.servers[0]).await;
+}
+
+/// A lease counts from the window's start: a reservation placed for later does not lapse
+/// before it opens.
+async fn a_lease_with_a_future_start_counts_from_the_start(db: Db) {
+    let f = fleet(db, 1, 64, json!({})).await;
+    let mut ask = f.ask("leased", 1, Some(T0 + HOUR));
+    ask["leaseSeconds"] = json!(60);
+    let r = f.create(0, ask).await;
+    assert_eq!(r["state"], "placed");
+    assert_eq!(r["leaseDeadline"], T0 + HOUR + 60_000);
+    f.set_clocks(T0 + 30 * MIN).await;
+    assert_eq!(f.get(&r["id"]).await["state"], "placed");
+    f.set_clocks(T0 + HOUR).await;
+    assert_eq!(f.get(&r["id"]).await["state"], "active");
+    f.set_clocks(T0 + HOUR + 60_000).await;
+    let lapsed = f.get(&r["id"]).await;
+    assert_eq!(lapsed["state"], "released");
+    assert_eq!(lapsed["reason"], "lease-lapsed");
+}
+
+/// A node binding hands over the whole node: every unit is booked, and nobody else is
+/// placed on it.
+async fn a_node_binding_books_the_whole_node(db: Db) {
+    let f = fleet(db, 2, 64, json!({ "tenantRoot": true })).await;
+    let mut ask = f.ask("node", 1, None);
+    ask["binding"] = json!("node");
+    let r = f.create(0, ask).await;
+    assert_eq!(r["state"], "placed", "{r}");
+    let node = r["placement"]["nodeId"].as_str().unwrap().to_string();
+    assert_eq!(
+        r["placement"]["unitIds"].as_array().unwrap().len(),
+        8,
+        "{r}"
+    );
+    let other = f.create(1, f.ask("other", 1, None)).await;
+    assert_eq!(other["state"], "placed");
+    assert_ne!(other["placement"]["nodeId"], node.as_str());
+    let mut second = f.ask("second-node", 1, None);
+    second["binding"] = json!("node");
+    let second = f.create(0, second).await;
+    assert_eq!(
+        second["state"], "pending",
+        "the other node is partly booked: {second}"
+    );
+    invariants::check(&f.servers[0]).await;
+}
