@@ -23,4 +23,5 @@ mod plugins;
 mod races;
 mod spot;
 mod system;
+mod transitions;
 mod visibility;

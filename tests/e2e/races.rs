@@ -15,14 +15,14 @@ const HOUR: i64 = 60 * MIN;
 
 /// A provider with `nodes` nodes of 8 H100s in one pool, offered to `tenant-a` with a
 /// quota of `gpus`, served by one server (SQLite) or three replicas (PostgreSQL).
-struct Fleet {
-    servers: Vec<Server>,
-    pool: String,
+pub(crate) struct Fleet {
+    pub servers: Vec<Server>,
+    pub pool: String,
     /// A tenant-a key.
     key: String,
 }
 
-async fn fleet(db: Db, nodes: usize, gpus: i64, policy: Value) -> Fleet {
+pub(crate) async fn fleet(db: Db, nodes: usize, gpus: i64, policy: Value) -> Fleet {
     let server = Server::start(db).await;
     let provider = server.org_with_key("acme", "provider").await;
     let node_ids: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
@@ -59,11 +59,11 @@ async fn fleet(db: Db, nodes: usize, gpus: i64, policy: Value) -> Fleet {
 
 impl Fleet {
     /// The tenant's client on replica `i` (round robin).
-    fn tenant(&self, i: usize) -> Api {
+    pub fn tenant(&self, i: usize) -> Api {
         self.servers[i % self.servers.len()].as_key(&self.key)
     }
 
-    fn ask(&self, key: &str, gpus: i64, start: Option<i64>) -> Value {
+    pub fn ask(&self, key: &str, gpus: i64, start: Option<i64>) -> Value {
         let mut body = json!({ "tenantId": "tenant-a", "poolId": self.pool,
             "devices": [{ "class": "gpu", "count": gpus }], "duration": "2h", "idempotencyKey": key });
         if let Some(start) = start {
@@ -72,13 +72,13 @@ impl Fleet {
         body
     }
 
-    async fn create(&self, i: usize, body: Value) -> Value {
+    pub async fn create(&self, i: usize, body: Value) -> Value {
         let (status, r) = rpc(&self.tenant(i), "create", body).await;
         assert_eq!(status, StatusCode::OK, "{r}");
         r
     }
 
-    async fn get(&self, id: &Value) -> Value {
+    pub async fn get(&self, id: &Value) -> Value {
         let (status, r) = rpc(
             &self.tenant(0),
             "get",
@@ -90,13 +90,13 @@ impl Fleet {
     }
 
     /// Moves every replica's clock to `ms` at once; each reconciles on its own.
-    async fn set_clocks(&self, ms: i64) {
+    pub async fn set_clocks(&self, ms: i64) {
         let moves = self.servers.iter().map(|s| s.set_clock(ms));
         futures::future::join_all(moves).await;
     }
 }
 
-async fn rpc(api: &Api, method: &str, body: Value) -> (StatusCode, Value) {
+pub(crate) async fn rpc(api: &Api, method: &str, body: Value) -> (StatusCode, Value) {
     api.post(&format!("/api/compute/reservations/{method}"), body)
         .await
 }

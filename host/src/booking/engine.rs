@@ -302,6 +302,15 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
     }
     if placed {
         emit(&mut tx, &r, "reservation.placed", json!({})).await?;
+        let entry = crate::audit::Entry {
+            org_id: &r.tenant_id,
+            action: "compute-reservation.place",
+            object_type: "compute-reservation",
+            object_id: &r.id,
+            reason: None,
+            details: Some(json!({ "state": r.state, "placedBy": r.placed_by })),
+        };
+        crate::audit::record(&mut tx, &crate::iam::Principal::system(), entry, now).await?;
     }
     tx.commit().await?;
     Ok(placed)
