@@ -54,6 +54,28 @@ impl World {
         r
     }
 
+    /// Puts `n1` in a pool offered to `tenant-a` and `stranger`: the catalog shows an org
+    /// the nodes of the pools it may book into.
+    async fn offer_n1(&self) {
+        let admin = self.server.admin();
+        let (status, pool) = admin
+            .post(
+                "/v1/pools",
+                json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": ["n1"] }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{pool}");
+        for tenant in ["tenant-a", "stranger"] {
+            let (status, offer) = admin
+                .post(
+                    &format!("/v1/pools/{}/offers", pool["id"].as_str().unwrap()),
+                    json!({ "tenantId": tenant, "quota": { "gpu": 8 } }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{offer}");
+        }
+    }
+
     async fn catalog_units(&self, api: &Api, org: &str) -> Vec<Value> {
         let (status, catalog) = api.get(&format!("/v1/orgs/{org}/catalog")).await;
         assert_eq!(status, StatusCode::OK, "{catalog}");
@@ -528,6 +550,7 @@ async fn managing_org_releases_only_while_active_and_in_term(db: Db) {
 
 async fn ending_a_reservation_returns_units_to_the_public_pool(db: Db) {
     let w = world(db).await;
+    w.offer_n1().await;
     let r = w
         .reserve(json!({ "unitIds": ["n1-gpu0", "n1-gpu1"], "allowedOrgIds": ["tenant-a"] }))
         .await;
@@ -586,6 +609,7 @@ async fn status_follows_the_clock_from_pending_to_expired(db: Db) {
 
 async fn topology_change_puts_reservations_in_review_until_reaffirmed(db: Db) {
     let w = world(db).await;
+    w.offer_n1().await;
     let r = w
         .reserve(json!({ "unitIds": ["n1-gpu0", "n1-gpu1"], "allowedOrgIds": ["tenant-a"] }))
         .await;
@@ -669,27 +693,7 @@ async fn reaffirm_is_refused_when_units_are_gone(db: Db) {
 
 async fn catalog_shows_reserved_units_only_to_their_audience(db: Db) {
     let w = world(db).await;
-    // The catalog shows the nodes of the pools an org may book into.
-    let (status, pool) = w
-        .server
-        .admin()
-        .post(
-            "/v1/pools",
-            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": ["n1"] }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{pool}");
-    for tenant in ["tenant-a", "stranger"] {
-        let (status, offer) = w
-            .server
-            .admin()
-            .post(
-                &format!("/v1/pools/{}/offers", pool["id"].as_str().unwrap()),
-                json!({ "tenantId": tenant, "quota": { "gpu": 8 } }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{offer}");
-    }
+    w.offer_n1().await;
     let r = w
         .reserve(json!({ "unitIds": ["n1-gpu0", "n1-gpu1"], "allowedOrgIds": ["tenant-a"] }))
         .await;
