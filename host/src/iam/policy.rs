@@ -48,10 +48,114 @@ pub enum Decision {
     NeedsConfirmation,
 }
 
-/// Parses a policy, naming the first error.
+/// Deepest nesting a policy may use: parentheses, sets and records, plus each `if` open
+/// inside them. Cedar's parser recurses once per level, so this keeps a hostile policy from
+/// exhausting the stack; a real policy nests a handful deep.
+pub const MAX_NESTING: usize = 32;
+/// Most operators one policy statement may chain (`&&`, `+`, `.`, `in`, …). The parser
+/// turns a chain into a tree as deep as it is long, and dropping or evaluating that tree
+/// recurses once per operator.
+pub const MAX_OPERATORS: usize = 1_000;
+
+/// Parses a policy, naming the first error. A policy nested deeper than [`MAX_NESTING`] or
+/// chaining more than [`MAX_OPERATORS`] in one statement is refused before the parser
+/// sees it.
 pub fn parse(text: &str) -> Result<PolicySet> {
+    check_shape(text)?;
     PolicySet::from_str(text)
         .map_err(|e| Error::invalid("policy", format!("not a valid Cedar policy: {e}")))
+}
+
+/// Refuses text nested deeper than [`MAX_NESTING`] or with more than [`MAX_OPERATORS`]
+/// operators in one statement, scanning outside string literals and comments. Nesting
+/// counts brackets, braces, parentheses and `if` keywords; an `if` counts as open until the
+/// group around it closes (its `else` branch may hold the next one), so a chain of
+/// `else if`s counts once per `if`. A run of operator characters counts as one operator.
+fn check_shape(text: &str) -> Result<()> {
+    let bytes = text.as_bytes();
+    // The `if`s open in each enclosing group, and in the current one.
+    let mut groups: Vec<usize> = Vec::new();
+    let mut ifs = 0usize;
+    let mut depth = 0usize;
+    let mut operators = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'(' | b'[' | b'{' => {
+                groups.push(ifs);
+                ifs = 0;
+                depth += 1;
+            }
+            b')' | b']' | b'}' => {
+                depth = depth.saturating_sub(1 + ifs);
+                ifs = groups.pop().unwrap_or(0);
+            }
+            b';' if groups.is_empty() => {
+                depth = depth.saturating_sub(ifs);
+                ifs = 0;
+                operators = 0;
+            }
+            b'.' => operators += 1,
+            c if OPERATOR_CHARS.contains(&c) => {
+                while bytes.get(i + 1).is_some_and(|c| OPERATOR_CHARS.contains(c)) {
+                    i += 1;
+                }
+                operators += 1;
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = i;
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+                match &bytes[start..i] {
+                    b"if" => {
+                        ifs += 1;
+                        depth += 1;
+                    }
+                    b"in" | b"has" | b"like" | b"is" => operators += 1,
+                    _ => {}
+                }
+                if operators > MAX_OPERATORS {
+                    return Err(too_many_operators());
+                }
+                continue;
+            }
+            _ => {}
+        }
+        if operators > MAX_OPERATORS {
+            return Err(too_many_operators());
+        }
+        if depth > MAX_NESTING {
+            return Err(Error::invalid(
+                "policy",
+                format!(
+                    "nested too deep (at most {MAX_NESTING} levels of parentheses, sets, records and if-then-else)"
+                ),
+            ));
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+const OPERATOR_CHARS: &[u8] = b"&|=!<>+-*";
+
+fn too_many_operators() -> Error {
+    Error::invalid(
+        "policy",
+        format!("too long an expression (at most {MAX_OPERATORS} operators in one statement)"),
+    )
 }
 
 fn uid(kind: &str, id: &str) -> Result<EntityUid> {
@@ -311,6 +415,100 @@ mod tests {
             "not even with confirmation"
         );
         assert_eq!(decide_create(true, 2), Decision::Allow);
+    }
+
+    fn nested(open: &str, inner: &str, close: &str, depth: usize) -> String {
+        format!(
+            "permit(principal, action, resource) when {{ {}{inner}{} }};",
+            open.repeat(depth),
+            close.repeat(depth)
+        )
+    }
+
+    fn refused_as_too_deep(text: &str) -> bool {
+        parse(text).is_err_and(|e| e.to_string().contains("nested too deep"))
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_refused_before_parsing() {
+        let deep = MAX_NESTING + 1;
+        assert!(refused_as_too_deep(&nested("(", "true", ")", deep)));
+        assert!(refused_as_too_deep(&nested("(", "true", ")", 100_000)));
+        assert!(refused_as_too_deep(&nested("[", "1", "] == []", deep)));
+        assert!(refused_as_too_deep(&nested("{a:", "1", "}.a == 1", deep)));
+        let mut ifs = "true".to_string();
+        for _ in 0..deep {
+            ifs = format!("if true then {ifs} else false");
+        }
+        assert!(refused_as_too_deep(&format!(
+            "permit(principal, action, resource) when {{ {ifs} }};"
+        )));
+        let mut else_ifs = "true".to_string();
+        for _ in 0..deep {
+            else_ifs = format!("if false then false else {else_ifs}");
+        }
+        assert!(refused_as_too_deep(&format!(
+            "permit(principal, action, resource) when {{ {else_ifs} }};"
+        )));
+    }
+
+    #[test]
+    fn nesting_within_the_limit_and_brackets_in_text_parse() {
+        let inner = MAX_NESTING - 2;
+        parse(&nested("(", "context.gpuCount <= 4", ")", inner)).unwrap();
+        parse(&nested("[", "1", "] != []", inner)).unwrap();
+        let text = format!(
+            "// {}\npermit(principal, action, resource) when {{ context.region == \"{}\\\"\" }};",
+            "(".repeat(100),
+            "[".repeat(100)
+        );
+        parse(&text).unwrap();
+        // `if`s closed by their group do not add up.
+        let sequential = vec!["(if context.spot then true else false)"; 100].join(" && ");
+        parse(&format!(
+            "permit(principal, action, resource) when {{ {sequential} }};"
+        ))
+        .unwrap();
+        parse(POLICY).unwrap();
+    }
+
+    #[test]
+    fn long_chains_are_refused_and_chains_within_the_limit_decide_on_a_small_stack() {
+        let when =
+            |chain: String| format!("permit(principal, action, resource) when {{ {chain} }};");
+        for (term, op) in [
+            ("context.gpuCount <= 4", " && "),
+            ("1", "+"),
+            ("true", "||"),
+        ] {
+            let long = when(vec![term; 60_000].join(op));
+            assert!(
+                parse(&long).is_err_and(|e| e.to_string().contains("too long an expression")),
+                "{op}"
+            );
+        }
+        let dotted = when(format!("context{} == 1", ".a".repeat(MAX_OPERATORS + 1)));
+        assert!(parse(&dotted).is_err());
+        // Each statement has its own budget.
+        let statement = when(vec!["context.gpuCount <= 4"; 300].join(" && "));
+        let many = vec![statement.as_str(); 50].join("\n");
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                parse(&many).unwrap();
+                let allowed = decide(
+                    Some(&many),
+                    &caller(false),
+                    "compute:reservations:create",
+                    ("rsv_1", "tenant-a"),
+                    &attrs(2, 2),
+                )
+                .unwrap();
+                assert_eq!(allowed, Decision::Allow);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
     }
 
     #[test]
