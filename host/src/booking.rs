@@ -4,6 +4,30 @@
 //! the reservation API's input tables), the idempotent id, the states, and the arithmetic
 //! of host resources and quota; all plain functions. [`engine`] runs them against the
 //! database (one module per method family), [`placement`] finds units, and the reconciler drives reservations in time.
+//!
+//! # How a reservation changes
+//!
+//! Every writer (a method, the reconciler on any replica, a node agent's report, a reclaim,
+//! a preemption) holds to one rule:
+//!
+//! - **A transition is one conditional update.** [`store::update`] writes the row only if
+//!   it is still at the `version` the decision read, and bumps it; a writer that lost
+//!   writes nothing and either answers `CONFLICT` (a method) or leaves the reservation for
+//!   its next pass (the reconciler). A stale copy can therefore never overwrite an extend,
+//!   a renew or a release that committed in between.
+//! - **Side effects follow the update that matched**, in the same transaction: bookings
+//!   released, quota refunded (the charge is cleared by the same update, so it is refunded
+//!   once), events emitted, audit written ([`lifecycle::terminate`]).
+//! - **A booking never starts before the moment it is written** ([`store::insert_bookings`]),
+//!   so a reservation placed late never overlaps, nor is billed alongside, the holder that
+//!   just left.
+//! - **Rights are read again where they are used**: a placement re-reads the node
+//!   reservations of the nodes it books under a share lock before it writes
+//!   ([`placement::Snapshot::rights_still_allow`]); a reclaim locks them for update, so one
+//!   of the two waits for the other and sees its result.
+//! - **Locks are taken in one order**: pool, reservation, node reservations, bookings,
+//!   quota. A create books before it charges, so it never holds quota while waiting for a
+//!   node reservation that a reclaim holds while it refunds.
 
 pub mod binding;
 pub mod create;
