@@ -1,5 +1,7 @@
 //! `orl serve`: open the database, bootstrap it, and serve until SIGINT/SIGTERM.
 
+mod connections;
+
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,6 +39,20 @@ pub struct ServeArgs {
     /// agent call) before it is lost: its reservations fail and it gets no new placements.
     #[arg(long, env = "ORL_NODE_LOST_AFTER", default_value = "5m")]
     pub node_lost_after: humantime::Duration,
+    /// How long a client may take to send a request's head, counted from when the server is
+    /// ready for it: a new connection, or a kept-alive one after its last response (so it
+    /// is also how long a connection may sit idle between requests).
+    #[arg(long, env = "ORL_HEADER_TIMEOUT", default_value = "10s")]
+    pub header_timeout: humantime::Duration,
+    /// How long a client may take to send a request's body once its head has arrived;
+    /// past it the answer is 408 and the connection is closed. Responses that stream
+    /// (events, WebSocket) are not bound by it.
+    #[arg(long, env = "ORL_BODY_TIMEOUT", default_value = "60s")]
+    pub body_timeout: humantime::Duration,
+    /// Most connections served at once; further ones wait in the listen queue.
+    #[arg(long, env = "ORL_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
 }
 
 /// Environment variable holding the bootstrap admin key (`or_…`).
@@ -102,10 +118,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!("orl listening on http://{addr}");
     std::io::stdout().flush()?;
 
-    axum::serve(listener, api::router(app.clone()))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving HTTP")?;
+    let limits = connections::Limits {
+        header_timeout: args.header_timeout.into(),
+        body_timeout: args.body_timeout.into(),
+        max_connections: args.max_connections as usize,
+    };
+    connections::serve(
+        listener,
+        api::router(app.clone()),
+        limits,
+        shutdown_signal(),
+    )
+    .await
+    .context("serving HTTP")?;
     app.store.close().await;
     tracing::info!("stopped");
     Ok(())
