@@ -6,10 +6,12 @@
 //! It is another surface over the same domain functions REST calls, so the same key
 //! authenticates the same [`Principal`] and the same visibility rules apply; a domain error
 //! carries its REST code as `extensions.code`. Depth, complexity and page sizes are capped
-//! ([`limits`]), and per-node data loads in batches ([`loaders`]).
+//! ([`limits`]), so are size, nesting and fan-out before parsing and validation
+//! ([`guard`]), and per-node data loads in batches ([`loaders`]).
 
 mod decisions;
 mod error;
+mod guard;
 mod http;
 mod limits;
 mod loaders;
@@ -35,6 +37,7 @@ fn builder() -> SchemaBuilder<query::Query, mutation::Mutation, subscription::Su
     Schema::build(query::Query, mutation::Mutation, subscription::Subscription)
         .limit_depth(limits::MAX_DEPTH)
         .limit_complexity(limits::MAX_COMPLEXITY)
+        .extension(guard::Guard)
 }
 
 /// The schema serving `app`.

@@ -6,17 +6,19 @@
 use std::sync::Arc;
 
 use async_graphql::Data;
-use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, GraphiQLSource};
-use async_graphql_axum::{GraphQLProtocol, GraphQLRequest, GraphQLResponse, GraphQLWebSocket};
-use axum::extract::{FromRequestParts as _, Request, State, WebSocketUpgrade};
+use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, GraphiQLSource, MultipartOptions};
+use async_graphql_axum::{GraphQLProtocol, GraphQLResponse, GraphQLWebSocket};
+use axum::extract::{DefaultBodyLimit, FromRequestParts as _, Request, State, WebSocketUpgrade};
 use axum::http;
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 
+use super::limits::MAX_BODY_BYTES;
 use super::loaders::{Loaders, QueryCount};
 use super::{OrlSchema, schema};
+use crate::api::extract::RawBody;
 use crate::iam::Principal;
 use crate::{App, Error};
 
@@ -26,24 +28,54 @@ const PATH: &str = "/graphql";
 pub fn router(app: Arc<App>) -> Router<Arc<App>> {
     Router::new()
         .route(PATH, get(page_or_socket).post(execute))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(Extension(schema(app)))
 }
 
 /// Runs one query or mutation as the caller; the response reports in
-/// `extensions.loaderQueries` how many batched queries its loaders ran.
+/// `extensions.loaderQueries` how many batched queries its loaders ran. The body is read
+/// whole, up to [`MAX_BODY_BYTES`], before it is decoded.
 async fn execute(
     State(app): State<Arc<App>>,
     Extension(schema): Extension<OrlSchema>,
     caller: Result<Principal, Error>,
-    request: GraphQLRequest,
+    headers: http::HeaderMap,
+    body: Result<RawBody, Error>,
 ) -> Response {
     let caller = match caller {
         Ok(caller) => caller,
         Err(err) => return refused(err),
     };
+    let body = match body {
+        Ok(RawBody(body)) => body,
+        Err(Error::PayloadTooLarge(_)) => {
+            return refused(Error::PayloadTooLarge(format!(
+                "request body is larger than {MAX_BODY_BYTES} bytes"
+            )));
+        }
+        Err(err) => return refused(err),
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let request = match async_graphql::http::receive_body(
+        content_type,
+        futures::io::Cursor::new(body),
+        MultipartOptions::default().max_num_files(0),
+    )
+    .await
+    {
+        Ok(request) => request,
+        Err(err) => {
+            return refused(Error::InvalidInput {
+                message: format!("not a GraphQL request: {err}"),
+                field: None,
+            });
+        }
+    };
     let queries = QueryCount::default();
     let (loaders, batches) = Loaders::driven(app, queries.clone());
-    let request = request.into_inner().data(caller).data(loaders);
+    let request = request.data(caller).data(loaders);
     let mut response = batches.beside(schema.execute(request)).await;
     response
         .extensions
@@ -99,6 +131,8 @@ async fn page_or_socket(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     upgrade
+        .max_message_size(MAX_BODY_BYTES)
+        .max_frame_size(MAX_BODY_BYTES)
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
         .on_upgrade(move |socket| {
             GraphQLWebSocket::new(socket, schema, protocol)
