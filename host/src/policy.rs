@@ -293,10 +293,10 @@ impl PolicyHost {
         .map_err(|e| anyhow::Error::from(e).context("linking log"))?;
         let cache_dir = data_dir.join("plugins");
         let config_root = data_dir.join("plugin-config");
-        std::fs::create_dir_all(&cache_dir)
-            .with_context(|| format!("creating {}", cache_dir.display()))?;
-        std::fs::create_dir_all(&config_root)
-            .with_context(|| format!("creating {}", config_root.display()))?;
+        // Precompiled artifacts are loaded as machine code: only the owner may write them.
+        for dir in [&cache_dir, &config_root] {
+            create_private_dir(dir)?;
+        }
         let host = PolicyHost {
             engine,
             linker,
@@ -630,6 +630,19 @@ fn deserialize(engine: &Engine, path: &Path) -> anyhow::Result<Component> {
     // server into its own data directory; wasmtime also refuses artifacts of another
     // engine version or configuration.
     Ok(unsafe { Component::deserialize_file(engine, path) }?)
+}
+
+/// Creates `dir` (and its missing parents) accessible by its owner only, and makes an
+/// existing one so.
+fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private", dir.display()))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! writer anyway, and serializing in the process avoids `SQLITE_BUSY` upgrade failures.
 
 use std::ops::{Deref, DerefMut};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +52,10 @@ impl Store {
             anyhow::bail!("unsupported database URL {url:?}: use sqlite://… or postgres://…");
         };
         let options: AnyConnectOptions = url.parse().context("parsing the database URL")?;
+        let sqlite_file = sqlite_file(url).filter(|_| backend == Backend::Sqlite);
+        if let Some((path, create)) = &sqlite_file {
+            make_private(path, *create)?;
+        }
         let pool = match backend {
             Backend::Sqlite => {
                 AnyPoolOptions::new()
@@ -83,6 +87,10 @@ impl Store {
             Backend::Postgres => &POSTGRES_MIGRATIONS,
         };
         migrator.run(&pool).await.context("applying migrations")?;
+        if let Some((path, _)) = &sqlite_file {
+            // The WAL and shared-memory files now exist too.
+            make_private(path, false)?;
+        }
         Ok(Store {
             pool,
             backend,
@@ -205,6 +213,50 @@ pub fn json_strings(text: &str) -> Vec<String> {
 /// Encodes strings as a JSON array for a TEXT column.
 pub fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).expect("serializing to JSON cannot fail")
+}
+
+/// The database file a `sqlite:` URL names (not an in-memory one), and whether the URL
+/// lets it be created.
+fn sqlite_file(url: &str) -> Option<(PathBuf, bool)> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let (path, params) = rest.split_once('?').unwrap_or((rest, ""));
+    let params: Vec<&str> = params.split('&').collect();
+    if path.is_empty() || path == ":memory:" || params.contains(&"mode=memory") {
+        return None;
+    }
+    Some((PathBuf::from(path), params.contains(&"mode=rwc")))
+}
+
+/// Makes the database file and its `-wal` and `-shm` companions readable and writable by
+/// their owner only, creating the (empty) database file first when `create` and it is
+/// missing: SQLite would create it from the umask (usually 0644), and creates the
+/// companions with the database file's permissions.
+fn make_private(path: &Path, create: bool) -> anyhow::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    if create && !path.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("creating {}", path.display()))?;
+    }
+    let mut companions = vec![path.to_path_buf()];
+    for suffix in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        companions.push(PathBuf::from(name));
+    }
+    for file in companions {
+        if file.exists() {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("making {} private", file.display()))?;
+        }
+    }
+    Ok(())
 }
 
 fn redact(url: &str) -> String {
