@@ -13,6 +13,7 @@ mod devices;
 mod earnings;
 mod events_stream;
 mod graphql;
+mod hostile_input;
 mod input;
 mod invariants;
 mod inventory;
