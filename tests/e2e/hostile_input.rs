@@ -17,6 +17,7 @@ on_both_databases!(
     graphql_fragment_fan_out_and_alias_floods_are_refused_before_they_cost_cpu,
     a_nul_byte_in_any_path_id_is_invalid_input_naming_the_parameter,
     a_nul_byte_in_a_graphql_argument_is_invalid_input,
+    a_nul_character_in_a_json_string_is_invalid_input_naming_the_field,
     slow_headers_trickled_bodies_and_idle_connections_are_cut_off_but_streams_live_on,
     the_connection_limit_queues_connections_past_it,
     a_json_array_is_refused_where_an_object_is_expected_and_nothing_is_written,
@@ -403,6 +404,68 @@ async fn a_nul_byte_in_a_graphql_argument_is_invalid_input(db: Db) {
     }
     assert!(
         !server.stderr().contains("GraphQL operation failed"),
+        "{}",
+        server.stderr()
+    );
+    assert_healthy(&server).await;
+}
+
+async fn a_nul_character_in_a_json_string_is_invalid_input_naming_the_field(db: Db) {
+    let server = Server::start(db).await;
+    let admin = server.admin();
+    server.org_with_key("tenant-a", "viewer").await;
+    let provider = server.org_with_key("acme", "provider").await;
+    let mut labelled = crate::support::h100_inventory("n1", 1);
+    labelled["labels"] = json!({ "ra\u{0}ck": "r1" });
+    let cases: Vec<(&Api, Method, &str, Value, &str)> = vec![
+        (
+            &admin,
+            Method::POST,
+            "/v1/orgs",
+            json!({ "id": "x", "name": "a\u{0}b" }),
+            "name",
+        ),
+        (
+            &admin,
+            Method::PUT,
+            "/v1/orgs/tenant-a/iam/policy",
+            json!({ "policy": "// a\u{0}b\npermit(principal, action, resource);" }),
+            "policy",
+        ),
+        (
+            &admin,
+            Method::POST,
+            "/api/compute/reservations/create",
+            json!({ "tenantId": "tenant-a", "poolId": "p", "devices": [{ "class": "gpu", "count": 1 }],
+                    "duration": "1h", "idempotencyKey": "k\u{0}" }),
+            "idempotencyKey",
+        ),
+        (
+            &provider,
+            Method::PUT,
+            "/v1/orgs/acme/provider/nodes/n1",
+            labelled,
+            "labels.rack",
+        ),
+    ];
+    for (api, method, path, body, field) in cases {
+        let (status, answer) = api.call(method, path, Some(body.clone())).await;
+        assert_error(status, &answer, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+        assert_eq!(
+            answer["error"]["details"]["field"], field,
+            "{body}: {answer}"
+        );
+    }
+    // An escaped backslash before `u0000` is text, not a NUL.
+    let (status, body) = admin
+        .put(
+            "/v1/orgs/tenant-a/iam/policy",
+            json!({ "policy": "// \\u0000\npermit(principal, action, resource);" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        !server.stderr().contains("request failed"),
         "{}",
         server.stderr()
     );

@@ -2,9 +2,10 @@
 //!
 //! Input is checked here once for every route: a JSON body must be an object, and a
 //! value of the wrong type is named by its path in `details.field` and described in JSON's
-//! words (`expected a whole number`), not Rust's; a path or query parameter with a control
-//! character (NUL included) is `INVALID_INPUT` naming the parameter, since no id the
-//! platform issues or accepts has one.
+//! words (`expected a whole number`), not Rust's; a JSON string with a NUL character is
+//! `INVALID_INPUT` naming its path (no stored text may hold one, and PostgreSQL refuses
+//! it); a path or query parameter with a control character (NUL included) is
+//! `INVALID_INPUT` naming the parameter, since no id the platform issues or accepts has one.
 
 use std::sync::{Arc, LazyLock};
 
@@ -94,11 +95,65 @@ pub fn from_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(json_error)?;
+    if has_nul_escape(bytes) {
+        refuse_nul(bytes)?;
+    }
     deserializer.end().map_err(|err| Error::InvalidInput {
         message: format!("not valid JSON: {err}"),
         field: None,
     })?;
     Ok(value)
+}
+
+/// Whether the JSON text has a `\u0000` escape (the only way JSON carries a NUL): a
+/// backslash-u-0000 preceded by an even number of backslashes.
+fn has_nul_escape(bytes: &[u8]) -> bool {
+    bytes.windows(6).enumerate().any(|(i, w)| {
+        w.eq_ignore_ascii_case(b"\\u0000")
+            && bytes[..i].iter().rev().take_while(|b| **b == b'\\').count() % 2 == 0
+    })
+}
+
+/// Refuses a body with a NUL character in any string (a key or a value), naming its path:
+/// no text the platform stores may hold one, and PostgreSQL refuses it.
+fn refuse_nul(bytes: &[u8]) -> Result<(), Error> {
+    fn find(value: &serde_json::Value, path: &str) -> Option<String> {
+        let at = |key: &str| {
+            if path.is_empty() {
+                key.to_string()
+            } else {
+                format!("{path}.{key}")
+            }
+        };
+        match value {
+            serde_json::Value::String(s) if s.contains('\0') => Some(path.to_string()),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| find(item, &format!("{path}[{i}]"))),
+            serde_json::Value::Object(fields) => fields.iter().find_map(|(key, item)| {
+                if key.contains('\0') {
+                    Some(at(&key.replace('\0', "")))
+                } else {
+                    find(item, &at(key))
+                }
+            }),
+            _ => None,
+        }
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Ok(());
+    };
+    match find(&value, "") {
+        Some(field) if !field.is_empty() => {
+            Err(Error::invalid(field, "must not contain a NUL character"))
+        }
+        Some(_) => Err(Error::InvalidInput {
+            message: "the body must not contain a NUL character".into(),
+            field: None,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// A serde error as `INVALID_INPUT`: the failing path in `details.field` (for a missing or
