@@ -23,6 +23,8 @@ pub struct App {
     pub provider_share_bps: u32,
     /// How long a node watched by an agent may stay silent before it is lost.
     pub node_lost_after_ms: i64,
+    /// What every node offers and what holds it, in memory ([`crate::capacity`]).
+    pub capacity: crate::capacity::View,
 }
 
 impl App {
@@ -35,6 +37,7 @@ impl App {
         node_lost_after_ms: i64,
     ) -> Arc<App> {
         Arc::new(App {
+            capacity: crate::capacity::View::new(&store),
             store,
             clock,
             metrics: Arc::new(Metrics::new()),

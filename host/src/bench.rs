@@ -6,6 +6,8 @@
 //! The two paths take turns decision by decision (alternating which goes first), so that a
 //! machine that slows down or speeds up during a run weighs on both alike.
 
+pub mod api;
+
 use std::time::{Duration, Instant};
 
 use anyhow::Context;

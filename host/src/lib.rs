@@ -9,6 +9,7 @@ pub mod app;
 pub mod audit;
 pub mod bench;
 pub mod booking;
+pub mod capacity;
 pub mod cli;
 pub mod clock;
 pub mod demo;

@@ -33,6 +33,8 @@ enum Command {
 enum BenchCommand {
     /// The default placement policy, native vs as a WebAssembly component.
     Placement(orl::bench::PlacementBench),
+    /// Creates over HTTP against a real `orl serve`, at fleet sizes.
+    Api(orl::bench::api::ApiBench),
 }
 
 #[tokio::main]
@@ -49,6 +51,7 @@ async fn main() -> std::process::ExitCode {
             serve::run(args).await
         }
         Command::Bench(BenchCommand::Placement(args)) => orl::bench::run(args),
+        Command::Bench(BenchCommand::Api(args)) => orl::bench::api::run(args).await,
         Command::Client(command) => cli::run(cli.connection, command).await,
     };
     match result {

@@ -6,6 +6,7 @@
 //! `awaiting-confirmation` after 30 minutes. Every move is a conditional update on the
 //! reservation's current state, so several replicas may run it at once.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,8 +28,14 @@ use crate::{App, Result, audit, events};
 pub async fn run_once(app: &App) -> Result<()> {
     let now = app.now_ms();
     // Node loss and held devices first, so the work list below sees what they ended.
-    let mut freed_pools: Vec<String> = binding::detect_lost_nodes(app).await?;
-    freed_pools.extend(binding::carry_held(app).await?);
+    // Pools where capacity freed, with the nodes it freed on where they are known.
+    let mut freed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pool in binding::detect_lost_nodes(app).await? {
+        freed.entry(pool).or_default();
+    }
+    for pool in binding::carry_held(app).await? {
+        freed.entry(pool).or_default();
+    }
     let work = {
         let mut conn = app.store.pool().acquire().await?;
         store::in_states(
@@ -46,23 +53,22 @@ pub async fn run_once(app: &App) -> Result<()> {
     for r in work {
         let id = r.id.clone();
         match advance(app, r, now).await {
-            Ok(Some(pool)) => freed_pools.push(pool),
+            Ok(Some((pool, nodes))) => freed.entry(pool).or_default().extend(nodes),
             Ok(None) => {}
             Err(err) => {
                 tracing::warn!(reservation = %id, error = %format_args!("{err:#}"), "reconciler move failed")
             }
         }
     }
-    freed_pools.sort();
-    freed_pools.dedup();
-    for pool in freed_pools {
-        wake_pool(app, &pool).await?;
+    for (pool, nodes) in freed {
+        wake_pool(app, &pool, &nodes).await?;
     }
-    Ok(())
+    app.capacity.prune(&app.store).await
 }
 
-/// The move time makes on `r` at `now`, if any; answers the pool it freed capacity in.
-async fn advance(app: &App, r: Reservation, now: i64) -> Result<Option<String>> {
+/// The move time makes on `r` at `now`, if any; answers the pool it freed capacity in and
+/// the nodes it freed.
+async fn advance(app: &App, r: Reservation, now: i64) -> Result<Option<(String, Vec<String>)>> {
     let transition = match r.state {
         State::AwaitingConfirmation if r.created_at + CONFIRMATION_WINDOW_MS <= now => {
             Some((State::Expired, "confirmation-timeout"))
@@ -79,8 +85,8 @@ async fn advance(app: &App, r: Reservation, now: i64) -> Result<Option<String>> 
     };
     if let Some((state, reason)) = transition {
         let frees = r.state != State::AwaitingConfirmation;
-        let pool = r.pool_id.clone();
-        return Ok((finish(app, r, state, reason).await? && frees).then_some(pool));
+        let freed = (r.pool_id.clone(), r.node_ids());
+        return Ok((finish(app, r, state, reason).await? && frees).then_some(freed));
     }
     match r.state {
         State::Placed if r.start_ms <= now => activate(app, r).await?,
@@ -156,8 +162,11 @@ async fn activate(app: &App, mut r: Reservation) -> Result<()> {
     Ok(())
 }
 
-/// Freed capacity: tries the pool's pending reservations again, oldest first.
-pub async fn wake_pool(app: &App, pool_id: &str) -> Result<()> {
+/// Freed capacity: tries the pool's pending reservations again, oldest first. `freed` are
+/// the nodes this replica just freed units on: the capacity view reads them again rather
+/// than wait for the change to be announced.
+pub async fn wake_pool(app: &App, pool_id: &str, freed: &[String]) -> Result<()> {
+    app.capacity.forget(freed).await;
     let pending: Vec<String> = sqlx::query_scalar(
         "SELECT id FROM compute_reservations WHERE pool_id = $1 AND state = 'pending' ORDER BY position",
     )

@@ -125,6 +125,23 @@ impl Store {
         }
     }
 
+    /// A small pool of its own for a reader that must never wait for a connection that a
+    /// writer holds while it waits for that reader (the capacity view).
+    pub fn reader(&self, max_connections: u32) -> AnyPool {
+        AnyPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    if conn.backend_name().eq_ignore_ascii_case("sqlite") {
+                        conn.execute("PRAGMA busy_timeout = 10000;").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_lazy_with((*self.pool.connect_options()).clone())
+    }
+
     /// The pool, for reads.
     pub fn pool(&self) -> &AnyPool {
         &self.pool

@@ -612,7 +612,7 @@ pub async fn report(
     let answer = view(&mut tx, &row, &r).await?;
     tx.commit().await?;
     if freed {
-        crate::reconciler::wake_pool(app, &r.pool_id).await?;
+        crate::reconciler::wake_pool(app, &r.pool_id, &r.node_ids()).await?;
     }
     Ok(answer)
 }

@@ -125,7 +125,7 @@ async fn read_context(app: &App, id: &str, request: &CreateRequest, now: i64) ->
         _ => None,
     };
     let (pool, offer) = bookable_pool(&mut conn, &request.pool_id, &request.tenant_id).await?;
-    let snapshot = Snapshot::load(&mut conn, &pool.node_ids, id, now, now, now).await?;
+    let snapshot = Snapshot::load(app, &pool.node_ids, id, now, now, now).await?;
     let policy = policy::find(&mut conn, &request.tenant_id).await?;
     Ok(Context {
         existing,
@@ -507,6 +507,7 @@ async fn charge_and_place(
     audit::record(&mut tx, caller, entry, now).await?;
     emit_placement(&mut tx, &r, placed, pool).await?;
     tx.commit().await?;
+    app.capacity.forget(&r.node_ids()).await;
     Ok(r)
 }
 

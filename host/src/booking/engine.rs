@@ -18,10 +18,22 @@ use crate::{App, Error, Result};
 /// How long a default-placer reservation waits before its next placement attempt.
 pub const RETRY_AFTER_MS: i64 = 30_000;
 
-/// Why a placement wrote nothing: a node reservation claimed (or reclaimed) the chosen
-/// units after the decision was made.
-pub(super) const CLAIMED_CONCURRENTLY: &str =
-    "a node reservation claimed the chosen units concurrently";
+/// How many times a placement decides again after losing to a commit its view had not seen.
+const PLACE_ATTEMPTS: u32 = 3;
+
+/// Why a placement that kept losing to concurrent commits waits.
+const BOOKED_CONCURRENTLY: &str = "the chosen units were booked concurrently";
+
+/// What one placement attempt on one snapshot came to.
+pub(super) enum Attempt {
+    /// Booked, and `r` marked placed.
+    Placed,
+    /// It does not fit: why. Nothing written.
+    NoFit(String),
+    /// The snapshot was stale: a commit it had not seen booked or claimed units chosen on
+    /// these nodes. Nothing written.
+    Lost(Vec<String>),
+}
 
 pub(super) const CREATE: &str = "compute:reservations:create";
 pub(super) const READ: &str = "compute:reservations:read";
@@ -98,16 +110,29 @@ pub(super) async fn try_place(
         );
         return Ok(false);
     }
-    let snapshot = Snapshot::load(conn, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
-    let reason = match place_now(app, conn, pool, r, &snapshot, now).await? {
-        Ok(()) => return Ok(true),
-        Err(reason) => reason,
+    // The view may not have heard of a commit yet: a decision that lost to one forgets the
+    // nodes it chose and decides again on what the database says of them now.
+    let mut lost = 0;
+    let (snapshot, reason) = loop {
+        let snapshot =
+            Snapshot::load(app, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
+        match place_now(app, conn, pool, r, &snapshot, now).await? {
+            Attempt::Placed => return Ok(true),
+            Attempt::NoFit(reason) => break (snapshot, reason),
+            Attempt::Lost(nodes) => {
+                app.capacity.forget(&nodes).await;
+                lost += 1;
+                if lost == PLACE_ATTEMPTS {
+                    break (snapshot, BOOKED_CONCURRENTLY.to_string());
+                }
+            }
+        }
     };
     if !r.spot {
         let mut attempt = sqlx::Connection::begin(&mut *conn).await?;
         if preempt::make_room(app, &mut attempt, pool, r, &snapshot, now).await? {
             // The terminations changed what is free: place on a fresh snapshot.
-            let freed = Snapshot::load(
+            let freed = Snapshot::read(
                 &mut attempt,
                 &pool.node_ids,
                 &r.id,
@@ -116,10 +141,7 @@ pub(super) async fn try_place(
                 now,
             )
             .await?;
-            if place_now(app, &mut attempt, pool, r, &freed, now)
-                .await?
-                .is_ok()
-            {
+            if let Attempt::Placed = place_now(app, &mut attempt, pool, r, &freed, now).await? {
                 attempt.commit().await?;
                 return Ok(true);
             }
@@ -130,9 +152,8 @@ pub(super) async fn try_place(
     Ok(false)
 }
 
-/// Asks the pool's placer for units on `snapshot` (the pool as it is now) and books them:
-/// `Ok(())` when `r` is placed, `Err(reason)` when it does not fit (nothing written). A
-/// gang is placed member by member, all or none ([`super::gang`]).
+/// Asks the pool's placer for units on `snapshot` (the pool as the view sees it) and books
+/// them. A gang is placed member by member, all or none ([`super::gang`]).
 async fn place_now(
     app: &App,
     conn: &mut AnyConnection,
@@ -140,7 +161,7 @@ async fn place_now(
     r: &mut Reservation,
     snapshot: &Snapshot,
     now: i64,
-) -> Result<std::result::Result<(), String>> {
+) -> Result<Attempt> {
     if r.request.gang.is_some() {
         return super::gang::place(app, conn, pool, r, snapshot, now).await;
     }
@@ -150,7 +171,7 @@ async fn place_now(
     let (choice, decided_by) =
         match tokio::task::block_in_place(|| placer.place(&offer.request, &offer.candidates)) {
             Ok(decision) => decision,
-            Err(Refusal::Unschedulable(reason)) => return Ok(Err(reason)),
+            Err(Refusal::Unschedulable(reason)) => return Ok(Attempt::NoFit(reason)),
             Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
         };
     if let Err(message) = check_choice(&offer.request, &offer.candidates, &choice) {
@@ -170,7 +191,7 @@ async fn place_now(
         .collect();
     let units = Snapshot::booked_units(node, r, chosen);
     if !Snapshot::rights_still_allow(conn, app.store.for_share(), r, &node.id, &units, now).await? {
-        return Ok(Err(CLAIMED_CONCURRENTLY.into()));
+        return Ok(Attempt::Lost(vec![node.id.clone()]));
     }
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
     match store::insert_bookings(
@@ -186,7 +207,7 @@ async fn place_now(
         Ok(()) => savepoint.commit().await?,
         Err(err) if violates(&err, "bookings_no_overlap") => {
             savepoint.rollback().await?;
-            return Ok(Err("the chosen units were booked concurrently".into()));
+            return Ok(Attempt::Lost(vec![node.id.clone()]));
         }
         Err(err) => return Err(err.into()),
     }
@@ -196,7 +217,7 @@ async fn place_now(
     }];
     r.unit_ids = units;
     mark_placed(r, node.id.clone(), decided_by, now);
-    Ok(Ok(()))
+    Ok(Attempt::Placed)
 }
 
 /// Moves `r` to `placed` on `node_id` (its first member), decided by `decided_by`.
@@ -313,5 +334,6 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
         crate::audit::record(&mut tx, &crate::iam::Principal::system(), entry, now).await?;
     }
     tx.commit().await?;
+    app.capacity.forget(&r.node_ids()).await;
     Ok(placed)
 }

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sqlx::AnyConnection;
 
-use super::engine::mark_placed;
+use super::engine::{Attempt, mark_placed};
 use super::placement::{Candidacy, Candidates, Refusal, Snapshot, check_choice};
 use super::store::{self, Member, Reservation, order_members};
 use crate::inventory::nodes::Node;
@@ -107,8 +107,8 @@ pub fn restrict(
     (out, index)
 }
 
-/// Places the gang `r` asks for on `snapshot` (the pool as it is now) and books every member:
-/// `Ok(())` when it is placed, `Err(reason)` when it does not fit (nothing written).
+/// Places the gang `r` asks for on `snapshot` (the pool as the view sees it) and books every
+/// member, all or none.
 pub(super) async fn place(
     app: &App,
     conn: &mut AnyConnection,
@@ -116,7 +116,7 @@ pub(super) async fn place(
     r: &mut Reservation,
     snapshot: &Snapshot,
     now: i64,
-) -> Result<std::result::Result<(), String>> {
+) -> Result<Attempt> {
     let Some(gang) = r.request.gang.clone() else {
         return Err(anyhow::anyhow!("gang placement without a gang").into());
     };
@@ -211,7 +211,7 @@ pub(super) async fn place(
             ));
         }
     }
-    Ok(Err(reason.unwrap_or_else(|| {
+    Ok(Attempt::NoFit(reason.unwrap_or_else(|| {
         "no node reports a value for the gang's topologyKey".to_string()
     })))
 }
@@ -225,13 +225,14 @@ async fn book(
     mut members: Vec<Member>,
     decided_by: String,
     now: i64,
-) -> Result<std::result::Result<(), String>> {
+) -> Result<Attempt> {
+    let nodes = || members.iter().map(|m| m.node_id.clone()).collect();
     for member in &members {
         let lock = app.store.for_share();
         if !Snapshot::rights_still_allow(conn, lock, r, &member.node_id, &member.unit_ids, now)
             .await?
         {
-            return Ok(Err(super::engine::CLAIMED_CONCURRENTLY.into()));
+            return Ok(Attempt::Lost(nodes()));
         }
     }
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
@@ -249,7 +250,7 @@ async fn book(
             Ok(()) => {}
             Err(err) if violates(&err, "bookings_no_overlap") => {
                 savepoint.rollback().await?;
-                return Ok(Err("the chosen units were booked concurrently".into()));
+                return Ok(Attempt::Lost(nodes()));
             }
             Err(err) => return Err(err.into()),
         }
@@ -260,7 +261,7 @@ async fn book(
     r.unit_ids = members.iter().flat_map(|m| m.unit_ids.clone()).collect();
     r.members = members;
     mark_placed(r, first, decided_by, now);
-    Ok(Ok(()))
+    Ok(Attempt::Placed)
 }
 
 #[cfg(test)]

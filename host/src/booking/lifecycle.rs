@@ -153,7 +153,7 @@ pub async fn release(
     }
     audit_method(&mut tx, caller, &r, "compute-reservation.release", now).await?;
     tx.commit().await?;
-    crate::reconciler::wake_pool(app, &r.pool_id).await?;
+    crate::reconciler::wake_pool(app, &r.pool_id, &r.node_ids()).await?;
     Ok(r.view())
 }
 
@@ -191,7 +191,7 @@ pub async fn cancel(
     }
     audit_method(&mut tx, caller, &r, "compute-reservation.cancel", now).await?;
     tx.commit().await?;
-    crate::reconciler::wake_pool(app, &r.pool_id).await?;
+    crate::reconciler::wake_pool(app, &r.pool_id, &r.node_ids()).await?;
     Ok(r.view())
 }
 

@@ -4,17 +4,18 @@
 //! checks the answer before anything is written.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
-use sqlx::{AnyConnection, Row as _};
+use sqlx::AnyConnection;
 
 use super::store::Reservation;
 use super::{DeviceRequest, HostBooking};
-use crate::Result;
+use crate::capacity::NodeCapacity;
 use crate::inventory::nodes::Node;
 use crate::inventory::{DeviceClass, Unit, labels_match};
 use crate::node_reservations::may_place;
 use crate::node_reservations::queries::{Filter, load};
-use crate::store::{flag, placeholders};
+use crate::{App, Result};
 
 pub use orl_placer_default::{
     Candidates, DeviceClass as PolicyClass, DeviceRequest as DeviceAsk, DomainLoad,
@@ -175,7 +176,7 @@ pub struct Candidacy {
 
 /// What the database says about a pool's nodes over a window.
 pub struct Snapshot {
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<Arc<Node>>,
     holds: HashMap<(String, String), Vec<Hold>>,
     host_used: HashMap<String, HostBooking>,
     /// Host resources booked by work that is not spot (what preemption cannot free).
@@ -185,9 +186,24 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads the pool's nodes, their bookings overlapping `[start, end)` (other than the
-    /// reservation's own), and the node reservations claiming their units.
+    /// The pool's nodes as the capacity view holds them, their bookings overlapping
+    /// `[start, end)` (other than the reservation's own), and the node reservations live
+    /// at `now` that claim their units over the window.
     pub async fn load(
+        app: &App,
+        pool_node_ids: &[String],
+        own: &str,
+        start: i64,
+        end: i64,
+        now: i64,
+    ) -> Result<Snapshot> {
+        let held = app.capacity.nodes(pool_node_ids).await?;
+        Ok(Snapshot::of(&held, own, start, end, now))
+    }
+
+    /// As [`Snapshot::load`], but read on `conn` itself: a transaction that changed
+    /// capacity (terminated spot work) decides on what it sees, uncommitted changes included.
+    pub async fn read(
         conn: &mut AnyConnection,
         pool_node_ids: &[String],
         own: &str,
@@ -195,94 +211,94 @@ impl Snapshot {
         end: i64,
         now: i64,
     ) -> Result<Snapshot> {
-        let mut nodes = Vec::new();
-        for id in pool_node_ids {
-            if let Some(node) = crate::inventory::nodes::find(conn, id).await? {
-                // A lost node gets no new placements until it reports again.
-                if !node.is_lost() {
-                    nodes.push(node);
-                }
-            }
-        }
-        let mut holds: HashMap<(String, String), Vec<Hold>> = HashMap::new();
-        let mut host_used: HashMap<String, HostBooking> = HashMap::new();
-        let mut host_used_steady: HashMap<String, HostBooking> = HashMap::new();
-        if !pool_node_ids.is_empty() {
-            let in_list = placeholders(5, pool_node_ids.len());
-            let sql = format!(
-                "SELECT node_id, unit_id, reservation_id, spot, start_ms FROM bookings
-                 WHERE active = $1 AND reservation_id <> $2 AND start_ms < $3 AND end_ms > $4 AND node_id IN ({in_list})"
+        let mut held = Vec::with_capacity(pool_node_ids.len());
+        for chunk in pool_node_ids.chunks(500) {
+            held.extend(
+                crate::capacity::load(conn, chunk)
+                    .await?
+                    .into_iter()
+                    .map(Arc::new),
             );
-            let mut query = sqlx::query(&sql).bind(true).bind(own).bind(end).bind(start);
-            for id in pool_node_ids {
-                query = query.bind(id);
+        }
+        Ok(Snapshot::of(&held, own, start, end, now))
+    }
+
+    /// What `held` says about the window `[start, end)`.
+    pub fn of(held: &[Arc<NodeCapacity>], own: &str, start: i64, end: i64, now: i64) -> Snapshot {
+        let window = crate::node_reservations::Term {
+            starts_at: start,
+            ends_at: Some(end),
+        };
+        let mut snapshot = Snapshot {
+            nodes: Vec::with_capacity(held.len()),
+            holds: HashMap::new(),
+            host_used: HashMap::new(),
+            host_used_steady: HashMap::new(),
+            claims: HashMap::new(),
+            now,
+        };
+        for capacity in held {
+            let node = &capacity.node;
+            // A lost node gets no new placements until it reports again.
+            if node.is_lost() {
+                continue;
             }
-            for row in query.fetch_all(&mut *conn).await? {
-                holds
-                    .entry((row.get("node_id"), row.get("unit_id")))
+            snapshot.nodes.push(node.clone());
+            let overlaps = |s: i64, e: i64, id: &str| id != own && s < end && e > start;
+            for b in capacity
+                .bookings
+                .iter()
+                .filter(|b| overlaps(b.start_ms, b.end_ms, &b.reservation_id))
+            {
+                snapshot
+                    .holds
+                    .entry((node.id.clone(), b.unit_id.clone()))
                     .or_default()
                     .push(Hold {
-                        reservation_id: row.get("reservation_id"),
-                        spot: flag(&row, "spot"),
-                        start_ms: row.get("start_ms"),
+                        reservation_id: b.reservation_id.clone(),
+                        spot: b.spot,
+                        start_ms: b.start_ms,
                     });
             }
-            let sql = format!(
-                "SELECT h.node_id, h.vcpu, h.memory_gib, h.hugepages_1gi, h.active, r.spot
-                 FROM host_bookings h JOIN compute_reservations r ON r.id = h.reservation_id
-                 WHERE h.active = $1 AND h.reservation_id <> $2 AND h.start_ms < $3 AND h.end_ms > $4
-                   AND h.node_id IN ({in_list})"
-            );
-            let mut query = sqlx::query(&sql).bind(true).bind(own).bind(end).bind(start);
-            for id in pool_node_ids {
-                query = query.bind(id);
-            }
-            for row in query.fetch_all(&mut *conn).await? {
-                if !flag(&row, "active") {
-                    continue;
-                }
+            for h in capacity
+                .host
+                .iter()
+                .filter(|h| overlaps(h.start_ms, h.end_ms, &h.reservation_id))
+            {
                 let booked = HostBooking {
-                    vcpu: row.get("vcpu"),
-                    memory_gib: row.get("memory_gib"),
-                    hugepages_1gi: row.get("hugepages_1gi"),
+                    vcpu: h.vcpu,
+                    memory_gib: h.memory_gib,
+                    hugepages_1gi: h.hugepages_1gi,
                 };
-                let node: String = row.get("node_id");
-                if !flag(&row, "spot") {
-                    host_used_steady
-                        .entry(node.clone())
+                if !h.spot {
+                    snapshot
+                        .host_used_steady
+                        .entry(node.id.clone())
                         .or_default()
                         .add(booked);
                 }
-                host_used.entry(node).or_default().add(booked);
-            }
-        }
-        let mut claims: HashMap<(String, String), Vec<crate::node_reservations::Rights>> =
-            HashMap::new();
-        for record in load(conn, Filter::LiveAt(now), "").await? {
-            if !pool_node_ids.contains(&record.node_id)
-                || !record.term.overlaps(&crate::node_reservations::Term {
-                    starts_at: start,
-                    ends_at: Some(end),
-                })
-            {
-                continue;
-            }
-            let rights = record.rights(now);
-            for unit in &record.unit_ids {
-                claims
-                    .entry((record.node_id.clone(), unit.clone()))
+                snapshot
+                    .host_used
+                    .entry(node.id.clone())
                     .or_default()
-                    .push(rights.clone());
+                    .add(booked);
+            }
+            for record in capacity
+                .claims
+                .iter()
+                .filter(|r| r.term.ends_at.is_none_or(|e| e > now) && r.term.overlaps(&window))
+            {
+                let rights = record.rights(now);
+                for unit in &record.unit_ids {
+                    snapshot
+                        .claims
+                        .entry((node.id.clone(), unit.clone()))
+                        .or_default()
+                        .push(rights.clone());
+                }
             }
         }
-        Ok(Snapshot {
-            nodes,
-            holds,
-            host_used,
-            host_used_steady,
-            claims,
-            now,
-        })
+        snapshot
     }
 
     /// Whether the node reservations on `node_id` still let `r` book `units` over its

@@ -110,6 +110,11 @@ impl Reservation {
         self.updated_at = now;
     }
 
+    /// The nodes it holds units on.
+    pub fn node_ids(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.node_id.clone()).collect()
+    }
+
     pub fn clear_condition(&mut self, kind: &str) {
         self.conditions.retain(|c| c.kind != kind);
     }

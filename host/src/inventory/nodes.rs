@@ -21,7 +21,7 @@ use crate::validation;
 use crate::{Error, Result};
 
 /// A provider's machine and its units.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Node {
     pub id: String,
@@ -310,6 +310,42 @@ async fn load(conn: &mut AnyConnection, org_id: Option<&str>) -> Result<Vec<Node
     .await?;
     let mut units: HashMap<String, Vec<Unit>> = HashMap::new();
     for r in &unit_rows {
+        units
+            .entry(r.get("node_id"))
+            .or_default()
+            .push(unit_from_row(r)?);
+    }
+    rows.iter()
+        .map(|r| {
+            node_from_row(
+                r,
+                units.remove(&r.get::<String, _>("id")).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The nodes with `ids` that exist, with their units, in two queries (any order).
+pub async fn find_many(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<Node>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list = crate::store::placeholders(1, ids.len());
+    let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id IN ({list})");
+    let mut rows = sqlx::query(&sql);
+    for id in ids {
+        rows = rows.bind(id);
+    }
+    let rows = rows.fetch_all(&mut *conn).await?;
+    let sql = format!(
+        "SELECT node_id, {UNIT_COLUMNS} FROM units WHERE node_id IN ({list}) ORDER BY node_id, position"
+    );
+    let mut unit_rows = sqlx::query(&sql);
+    for id in ids {
+        unit_rows = unit_rows.bind(id);
+    }
+    let mut units: HashMap<String, Vec<Unit>> = HashMap::new();
+    for r in &unit_rows.fetch_all(&mut *conn).await? {
         units
             .entry(r.get("node_id"))
             .or_default()

@@ -60,7 +60,7 @@ pub struct NodeReservation {
 }
 
 /// A reservation as stored.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub id: String,
     pub node_id: String,
@@ -185,8 +185,13 @@ pub async fn load(conn: &mut AnyConnection, filter: Filter<'_>, lock: &str) -> R
                 .await?,
         ),
     };
+    assemble(&reservations, &units)
+}
+
+/// Reservation rows with their unit rows (in position order) as records.
+fn assemble(reservations: &[AnyRow], units: &[AnyRow]) -> Result<Vec<Record>> {
     let mut by_reservation: HashMap<String, (Vec<String>, Vec<String>)> = HashMap::new();
-    for row in &units {
+    for row in units {
         let entry = by_reservation.entry(row.get("reservation_id")).or_default();
         let unit: String = row.get("unit_id");
         if flag(row, "released") {
@@ -203,6 +208,34 @@ pub async fn load(conn: &mut AnyConnection, filter: Filter<'_>, lock: &str) -> R
             record_from_row(row, unit_ids, released)
         })
         .collect()
+}
+
+/// The reservations on `node_ids` that are not cancelled (the capacity view's claims).
+pub async fn live_on_nodes(conn: &mut AnyConnection, node_ids: &[String]) -> Result<Vec<Record>> {
+    if node_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list = crate::store::placeholders(1, node_ids.len());
+    let clause = format!("lifecycle <> 'cancelled' AND node_id IN ({list})");
+    let reservations_sql = format!(
+        "SELECT id, node_id, allowed_org_ids, managing_org_ids, starts_at, ends_at, lifecycle, topology_gen,
+                contract_ref, reason, created_at, updated_at
+         FROM node_reservations WHERE {clause}"
+    );
+    let units_sql = format!(
+        "SELECT reservation_id, unit_id, released FROM node_reservation_units
+         WHERE reservation_id IN (SELECT id FROM node_reservations WHERE {clause})
+         ORDER BY reservation_id, position"
+    );
+    let mut rows = sqlx::query(&reservations_sql);
+    let mut unit_rows = sqlx::query(&units_sql);
+    for id in node_ids {
+        rows = rows.bind(id);
+        unit_rows = unit_rows.bind(id);
+    }
+    let rows = rows.fetch_all(&mut *conn).await?;
+    let units = unit_rows.fetch_all(&mut *conn).await?;
+    assemble(&rows, &units)
 }
 
 fn record_from_row(

@@ -1,0 +1,481 @@
+//! `orl bench api`: the create path as a user feels it, end to end over HTTP.
+//!
+//! For each node count it starts a real `orl serve` (SQLite in a temporary directory, or a
+//! fresh database on `--database-url`'s PostgreSQL server), registers the nodes (8 H100s in
+//! two NVLink domains of 4) over the API, puts them in one pool offered to one tenant, and
+//! drives concurrent clients that create reservations of 1, 2, 4 and 8 GPUs (half of the 4s
+//! and 8s `nvlink-all`), releasing their oldest ones whenever the pool is more than 70 %
+//! booked. It prints creates per second, latency percentiles, answers by code, the server's
+//! CPU time per create and its resident memory, then the latency of `get`, `list`, a page
+//! of the catalog and a GraphQL page of 100 nodes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Options of `orl bench api`.
+#[derive(Debug, clap::Args)]
+pub struct ApiBench {
+    /// Node counts to measure (8 GPUs each).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![500, 5_000, 20_000])]
+    pub nodes: Vec<usize>,
+    /// Concurrent clients creating reservations.
+    #[arg(long, default_value_t = 32)]
+    pub clients: usize,
+    /// How long the clients create, per node count (`15s`, `1m`).
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// A PostgreSQL server (`postgres://…/postgres`) to create a fresh database on for each
+    /// run; SQLite in a temporary directory otherwise.
+    #[arg(long)]
+    pub database_url: Option<String>,
+}
+
+/// Share of the pool's GPUs the clients keep booked.
+const TARGET_BOOKED: f64 = 0.7;
+
+/// Runs the benchmark and prints one block per node count.
+pub async fn run(args: ApiBench) -> anyhow::Result<()> {
+    println!(
+        "orl bench api: {} clients for {:?} per run, {}",
+        args.clients,
+        args.duration,
+        if args.database_url.is_some() {
+            "PostgreSQL"
+        } else {
+            "SQLite"
+        }
+    );
+    for &nodes in &args.nodes {
+        let server = Server::start(args.database_url.as_deref()).await?;
+        let outcome = measure(&server, nodes, &args).await;
+        server.stop().await;
+        outcome?;
+    }
+    Ok(())
+}
+
+async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.clients * 2)
+        .build()?;
+    let api = Api {
+        http: http.clone(),
+        base: server.url.clone(),
+        key: server.admin.clone(),
+    };
+    let started = Instant::now();
+    let (tenant, pool) = setup(&api, nodes).await?;
+    println!(
+        "\n{nodes} nodes × 8 GPUs: registered in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let capacity = (nodes * 8) as i64;
+    let booked = Arc::new(AtomicI64::new(0));
+    let cpu_before = server.cpu_seconds()?;
+    let deadline = Instant::now() + args.duration;
+    let mut clients = Vec::new();
+    for c in 0..args.clients {
+        let client = Client {
+            api: tenant.clone(),
+            pool: pool.clone(),
+            booked: booked.clone(),
+            capacity,
+            rng: StdRng::seed_from_u64(c as u64),
+            live: VecDeque::new(),
+            tag: format!("c{c}"),
+        };
+        clients.push(tokio::spawn(client.run(deadline)));
+    }
+    let mut latencies = Vec::new();
+    let mut codes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut ids = Vec::new();
+    for client in clients {
+        let report = client.await??;
+        latencies.extend(report.latencies);
+        for (code, n) in report.codes {
+            *codes.entry(code).or_default() += n;
+        }
+        ids.extend(report.ids);
+    }
+    let cpu = server.cpu_seconds()? - cpu_before;
+    let creates = latencies.len();
+    println!(
+        "  creates: {:.0}/s ({creates} in {:?}), p50 {}, p99 {}, server CPU {:.2} ms per create",
+        creates as f64 / args.duration.as_secs_f64(),
+        args.duration,
+        ms(percentile(&mut latencies, 0.50)),
+        ms(percentile(&mut latencies, 0.99)),
+        cpu * 1000.0 / creates.max(1) as f64,
+    );
+    println!("  answers: {codes:?}");
+    println!(
+        "  pool booked at the end: {:.0} %, server resident memory {:.0} MiB",
+        booked.load(Ordering::Relaxed) as f64 * 100.0 / capacity as f64,
+        server.resident_mib()?
+    );
+    reads(&tenant, &api, &ids).await
+}
+
+/// Registers `nodes` nodes for provider `acme`, a pool of them offered to `tenant-a`;
+/// answers the tenant's client and the pool id.
+async fn setup(admin: &Api, nodes: usize) -> anyhow::Result<(Api, String)> {
+    for org in ["acme", "tenant-a"] {
+        admin
+            .send("POST", "/v1/orgs", json!({ "id": org, "name": org }))
+            .await?;
+    }
+    let provider = admin.with_key(
+        admin
+            .send(
+                "POST",
+                "/v1/orgs/acme/api-keys",
+                json!({ "role": "provider" }),
+            )
+            .await?["key"]
+            .as_str()
+            .context("provider key")?,
+    );
+    let tenant = admin.with_key(
+        admin
+            .send(
+                "POST",
+                "/v1/orgs/tenant-a/api-keys",
+                json!({ "role": "member" }),
+            )
+            .await?["key"]
+            .as_str()
+            .context("tenant key")?,
+    );
+    let ids: Vec<String> = (0..nodes).map(|n| format!("node-{n:05}")).collect();
+    let registrations = futures::stream::iter(ids.clone()).map(|id| {
+        let provider = provider.clone();
+        async move {
+            provider
+                .send(
+                    "PUT",
+                    &format!("/v1/orgs/acme/provider/nodes/{id}"),
+                    inventory(&id),
+                )
+                .await
+        }
+    });
+    use futures::StreamExt as _;
+    let mut registrations = registrations.buffer_unordered(8);
+    while let Some(done) = registrations.next().await {
+        done?;
+    }
+    let pool = admin
+        .send(
+            "POST",
+            "/v1/pools",
+            json!({ "name": "bench", "ownerOrgId": "acme", "nodeIds": ids }),
+        )
+        .await?["id"]
+        .as_str()
+        .context("pool id")?
+        .to_string();
+    admin
+        .send(
+            "POST",
+            &format!("/v1/pools/{pool}/offers"),
+            json!({ "tenantId": "tenant-a", "quota": { "gpu": nodes * 8 * 10 } }),
+        )
+        .await?;
+    Ok((tenant, pool))
+}
+
+fn inventory(node: &str) -> Value {
+    let units: Vec<Value> = (0..8)
+        .map(|g| {
+            json!({ "id": format!("{node}-gpu{g}"), "class": "vfio-group", "deviceClass": "gpu",
+                    "model": "H100-SXM5-80GB", "memoryGiB": 80, "nvlinkDomain": format!("nvl{}", g / 4),
+                    "sellable": true })
+        })
+        .collect();
+    json!({ "region": "bench-1", "host": { "vcpu": 224, "memoryGiB": 2048, "hugepages1Gi": 512 }, "units": units })
+}
+
+/// One load-generating client: creates, and releases its oldest reservations while the
+/// pool is above the target.
+struct Client {
+    api: Api,
+    pool: String,
+    booked: Arc<AtomicI64>,
+    capacity: i64,
+    rng: StdRng,
+    live: VecDeque<(String, i64)>,
+    tag: String,
+}
+
+#[derive(Default)]
+struct Report {
+    latencies: Vec<Duration>,
+    codes: BTreeMap<String, usize>,
+    ids: Vec<String>,
+}
+
+impl Client {
+    async fn run(mut self, deadline: Instant) -> anyhow::Result<Report> {
+        let mut report = Report::default();
+        let mut n = 0;
+        while Instant::now() < deadline {
+            while self.booked.load(Ordering::Relaxed) as f64 > TARGET_BOOKED * self.capacity as f64
+            {
+                let Some((id, gpus)) = self.live.pop_front() else {
+                    break;
+                };
+                let body = json!({ "tenantId": "tenant-a", "reservationId": id });
+                self.api
+                    .call("POST", "/api/compute/reservations/release", body)
+                    .await?;
+                self.booked.fetch_sub(gpus, Ordering::Relaxed);
+            }
+            let gpus = [1, 2, 4, 8][self.rng.random_range(0..4)];
+            let mut device = json!({ "class": "gpu", "count": gpus });
+            if gpus >= 4 && self.rng.random_bool(0.5) {
+                device["topology"] = json!("nvlink-all");
+            }
+            n += 1;
+            let body = json!({ "tenantId": "tenant-a", "poolId": self.pool, "devices": [device],
+                               "duration": "2h", "idempotencyKey": format!("{}-{n}", self.tag) });
+            let sent = Instant::now();
+            let (status, answer) = self
+                .api
+                .call("POST", "/api/compute/reservations/create", body)
+                .await?;
+            report.latencies.push(sent.elapsed());
+            let code = if status.is_success() {
+                answer["state"].as_str().unwrap_or("?").to_string()
+            } else {
+                answer["error"]["code"]
+                    .as_str()
+                    .map_or_else(|| status.to_string(), str::to_string)
+            };
+            *report.codes.entry(code.clone()).or_default() += 1;
+            if let Some(id) = answer["id"].as_str() {
+                report.ids.push(id.to_string());
+                if code == "placed" {
+                    self.booked.fetch_add(gpus, Ordering::Relaxed);
+                    self.live.push_back((id.to_string(), gpus));
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Latency of the reads a dashboard or a tenant makes, 200 of each, one at a time.
+async fn reads(tenant: &Api, admin: &Api, ids: &[String]) -> anyhow::Result<()> {
+    let graphql = json!({ "query": "{ nodes(orgId: \"acme\", first: 100) { edges { node { id units { id } } } } }" });
+    let id = ids.first().cloned().unwrap_or_default();
+    let reads: [(&str, &Api, &str, &str, Value); 4] = [
+        (
+            "get",
+            tenant,
+            "POST",
+            "/api/compute/reservations/get",
+            json!({ "tenantId": "tenant-a", "reservationId": id }),
+        ),
+        (
+            "list (50)",
+            tenant,
+            "POST",
+            "/api/compute/reservations/list",
+            json!({ "tenantId": "tenant-a" }),
+        ),
+        (
+            "catalog",
+            tenant,
+            "GET",
+            "/v1/orgs/tenant-a/catalog?limit=100",
+            Value::Null,
+        ),
+        ("GraphQL nodes (100)", admin, "POST", "/graphql", graphql),
+    ];
+    for (name, api, method, path, body) in reads {
+        let mut latencies = Vec::new();
+        for _ in 0..200 {
+            let sent = Instant::now();
+            let (status, answer) = api.call(method, path, body.clone()).await?;
+            if !status.is_success() {
+                bail!("{name}: {status} {answer}");
+            }
+            latencies.push(sent.elapsed());
+        }
+        println!(
+            "  {name}: p50 {}, p99 {}",
+            ms(percentile(&mut latencies, 0.50)),
+            ms(percentile(&mut latencies, 0.99))
+        );
+    }
+    Ok(())
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// A JSON client calling as one key.
+#[derive(Clone)]
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+}
+
+impl Api {
+    fn with_key(&self, key: &str) -> Api {
+        Api {
+            key: key.to_string(),
+            ..self.clone()
+        }
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Value,
+    ) -> anyhow::Result<(reqwest::StatusCode, Value)> {
+        let method = reqwest::Method::from_bytes(method.as_bytes())?;
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.key);
+        if !body.is_null() {
+            request = request.json(&body);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let text = response.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    /// As [`Api::call`], failing on anything but success.
+    async fn send(&self, method: &str, path: &str, body: Value) -> anyhow::Result<Value> {
+        let (status, answer) = self.call(method, path, body).await?;
+        if !status.is_success() {
+            bail!("{method} {path}: {status} {answer}");
+        }
+        Ok(answer)
+    }
+}
+
+/// A child `orl serve` on a fresh database.
+struct Server {
+    child: Child,
+    url: String,
+    admin: String,
+    _data_dir: tempfile::TempDir,
+    database: Option<(String, String)>,
+}
+
+impl Server {
+    async fn start(postgres: Option<&str>) -> anyhow::Result<Server> {
+        let data_dir = tempfile::tempdir()?;
+        let admin = format!("or_bench{}", ulid::Ulid::new().to_string().to_lowercase());
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir.path())
+            .env("ORL_ADMIN_KEY", &admin)
+            .env("ORL_LOG", "error")
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let mut database = None;
+        if let Some(url) = postgres {
+            use sqlx::Connection as _;
+            let name = format!("orl_bench_{}", ulid::Ulid::new().to_string().to_lowercase());
+            let mut conn = sqlx::PgConnection::connect(url).await?;
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&mut conn)
+                .await?;
+            let base = url.rsplit_once('/').context("a database URL")?.0;
+            command.args(["--database-url", &format!("{base}/{name}")]);
+            database = Some((url.to_string(), name));
+        }
+        let mut child = command.spawn()?;
+        let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let url = tokio::time::timeout(Duration::from_secs(120), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(url) = line.strip_prefix("orl listening on ") {
+                    return Ok(url.to_string());
+                }
+            }
+            bail!("orl serve exited before listening")
+        })
+        .await
+        .context("orl serve did not start within 120 s")??;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Server {
+            child,
+            url,
+            admin,
+            _data_dir: data_dir,
+            database,
+        })
+    }
+
+    fn pid(&self) -> anyhow::Result<u32> {
+        self.child.id().context("the server exited")
+    }
+
+    /// User and system CPU time the server used so far.
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()?))?;
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .context("/proc stat")?
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+        Ok(ticks / 100.0)
+    }
+
+    fn resident_mib(&self) -> anyhow::Result<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?))?;
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .context("VmRSS")?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()?;
+        Ok(kib / 1024.0)
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+        if let Some((url, name)) = self.database.take() {
+            use sqlx::Connection as _;
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut conn)
+                    .await;
+            }
+        }
+    }
+}
