@@ -7,6 +7,7 @@ mod audit;
 mod auth;
 mod bindings;
 mod bootstrap;
+mod capacity_view;
 mod cli;
 mod compute;
 mod devices;

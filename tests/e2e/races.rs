@@ -18,6 +18,8 @@ const HOUR: i64 = 60 * MIN;
 pub(crate) struct Fleet {
     pub servers: Vec<Server>,
     pub pool: String,
+    /// The provider's (acme's) client on the first server.
+    pub provider: Api,
     /// A tenant-a key.
     key: String,
 }
@@ -54,7 +56,12 @@ pub(crate) async fn fleet(db: Db, nodes: usize, gpus: i64, policy: Value) -> Fle
             servers.push(replica);
         }
     }
-    Fleet { servers, pool, key }
+    Fleet {
+        servers,
+        pool,
+        key,
+        provider,
+    }
 }
 
 impl Fleet {

@@ -18,6 +18,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(get_pool))
         .routes(routes!(set_nodes))
         .routes(routes!(archive))
+        .routes(routes!(capacity_check))
         .routes(routes!(put_offer, list_offers))
 }
 
@@ -104,4 +105,36 @@ async fn list_offers(
     Path(pool_id): Path<String>,
 ) -> Result<Json<Vec<Offer>>> {
     Ok(Json(store::list_offers(&app, &caller, &pool_id).await?))
+}
+
+/// How this replica's capacity view of a pool compares with the database.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityCheck {
+    /// Nodes of the pool compared.
+    pub nodes: usize,
+    /// Nodes whose units, bookings, host bookings or claims in memory differ from the
+    /// database now (empty when the view is current).
+    pub stale_node_ids: Vec<String>,
+}
+
+/// Compare this replica's in-memory capacity of the pool's nodes with the database
+/// (platform operators). A node that stays stale for more than a moment means changes are
+/// not reaching this replica.
+#[utoipa::path(get, path = "/v1/pools/{poolId}/capacity-check", tag = "pools", params(("poolId" = String, Path)),
+    responses((status = 200, body = CapacityCheck), (status = 404, body = ErrorEnvelope)))]
+async fn capacity_check(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Path(pool_id): Path<String>,
+) -> Result<Json<CapacityCheck>> {
+    caller.require_ops(
+        crate::iam::Permission::PoolsManage,
+        format_args!("pool {pool_id}"),
+    )?;
+    let pool = store::get(&app, &caller, &pool_id).await?;
+    Ok(Json(CapacityCheck {
+        nodes: pool.node_ids.len(),
+        stale_node_ids: app.capacity.differences(&pool.node_ids).await?,
+    }))
 }
