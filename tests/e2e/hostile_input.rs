@@ -641,6 +641,24 @@ async fn a_json_array_is_refused_where_an_object_is_expected_and_nothing_is_writ
         )
         .await;
     assert_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    // Nested objects given as arrays are refused too, naming where.
+    let (status, body) = provider
+        .put(
+            "/v1/orgs/acme/provider/nodes/n1",
+            json!({ "region": "eu-west-1", "host": [224, 2048, 512], "units": [] }),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    assert_eq!(body["error"]["details"]["field"], "host", "{body}");
+    let mut unit_as_array = crate::support::h100_inventory("n1", 1);
+    unit_as_array["units"][0] = json!(["n1-gpu0", "vfio-group", "gpu", "H100", 80, "nvl0", true]);
+    let (status, body) = provider
+        .put("/v1/orgs/acme/provider/nodes/n1", unit_as_array)
+        .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    assert_eq!(body["error"]["details"]["field"], "units[0]", "{body}");
+    let (status, _) = provider.get("/v1/nodes/n1").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was written");
     for path in [
         "/api/compute/reservations/create",
         "/api/compute/reservations/get",

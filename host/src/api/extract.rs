@@ -20,6 +20,8 @@ use serde::de::DeserializeOwned;
 use crate::iam::{Principal, keys};
 use crate::{App, Error};
 
+mod strict;
+
 /// A JSON object body; malformed, mistyped, unknown-field, non-object and oversized bodies
 /// are enveloped.
 pub struct Json<T>(pub T);
@@ -78,8 +80,9 @@ fn body_rejection(rejection: BytesRejection) -> Error {
     }
 }
 
-/// Decodes a JSON object into `T`. Anything but an object at the top is refused (serde
-/// would otherwise read a struct from an array, field by field in order).
+/// Decodes a JSON object into `T`. A struct is read only from an object, at the top and
+/// nested ([`strict`]): serde would otherwise read one from an array, field by field in
+/// order.
 pub fn from_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
@@ -89,34 +92,22 @@ pub fn from_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
                 field: None,
             });
         }
-        _ => {
-            // Let the parser say what is wrong (a syntax error, or a scalar).
-        }
+        // A syntax error, or a scalar: the parser and the type say what is wrong.
+        _ => {}
     }
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(json_error)?;
-    if has_nul_escape(bytes) {
-        refuse_nul(bytes)?;
-    }
-    deserializer.end().map_err(|err| Error::InvalidInput {
-        message: format!("not valid JSON: {err}"),
-        field: None,
-    })?;
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|err| Error::InvalidInput {
+            message: format!("not valid JSON: {err}"),
+            field: None,
+        })?;
+    refuse_nul(&value)?;
+    let value = serde_path_to_error::deserialize(strict::Strict(&value)).map_err(json_error)?;
     Ok(value)
-}
-
-/// Whether the JSON text has a `\u0000` escape (the only way JSON carries a NUL): a
-/// backslash-u-0000 preceded by an even number of backslashes.
-fn has_nul_escape(bytes: &[u8]) -> bool {
-    bytes.windows(6).enumerate().any(|(i, w)| {
-        w.eq_ignore_ascii_case(b"\\u0000")
-            && bytes[..i].iter().rev().take_while(|b| **b == b'\\').count() % 2 == 0
-    })
 }
 
 /// Refuses a body with a NUL character in any string (a key or a value), naming its path:
 /// no text the platform stores may hold one, and PostgreSQL refuses it.
-fn refuse_nul(bytes: &[u8]) -> Result<(), Error> {
+fn refuse_nul(value: &serde_json::Value) -> Result<(), Error> {
     fn find(value: &serde_json::Value, path: &str) -> Option<String> {
         let at = |key: &str| {
             if path.is_empty() {
@@ -141,10 +132,7 @@ fn refuse_nul(bytes: &[u8]) -> Result<(), Error> {
             _ => None,
         }
     }
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
-        return Ok(());
-    };
-    match find(&value, "") {
+    match find(value, "") {
         Some(field) if !field.is_empty() => {
             Err(Error::invalid(field, "must not contain a NUL character"))
         }
