@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -31,6 +32,9 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: HistogramFamily,
     decisions: Family<DecisionLabels, Counter>,
+    reconciler_pass: Histogram,
+    reconciler_due: Gauge,
+    reconciler_lag: Gauge,
 }
 
 impl Metrics {
@@ -51,11 +55,32 @@ impl Metrics {
             "Policy plugin decisions by outcome",
             decisions.clone(),
         );
+        let reconciler_pass = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "reconciler_pass_duration_seconds",
+            "Time one reconciler pass took",
+            reconciler_pass.clone(),
+        );
+        let reconciler_due = Gauge::default();
+        registry.register(
+            "reconciler_due_reservations",
+            "Reservations the last reconciler pass found due",
+            reconciler_due.clone(),
+        );
+        let reconciler_lag = Gauge::default();
+        registry.register(
+            "reconciler_lag_milliseconds",
+            "How long the oldest due move of the last pass had been due when the pass started",
+            reconciler_lag.clone(),
+        );
         Metrics {
             registry,
             requests,
             latency,
             decisions,
+            reconciler_pass,
+            reconciler_due,
+            reconciler_lag,
         }
     }
 
@@ -73,6 +98,14 @@ impl Metrics {
             outcome: outcome.into(),
         };
         self.decisions.get_or_create(&labels).inc();
+    }
+
+    /// Records one reconciler pass: how long it took, how many reservations were due, and
+    /// how long the oldest of them had been due.
+    pub fn observe_reconciler_pass(&self, seconds: f64, due: usize, lag_ms: i64) {
+        self.reconciler_pass.observe(seconds);
+        self.reconciler_due.set(due as i64);
+        self.reconciler_lag.set(lag_ms.max(0));
     }
 
     /// The Prometheus text exposition of every metric.

@@ -36,20 +36,13 @@ pub async fn run_once(app: &App) -> Result<()> {
     for pool in binding::carry_held(app).await? {
         freed.entry(pool).or_default();
     }
+    let started = std::time::Instant::now();
     let work = {
         let mut conn = app.store.pool().acquire().await?;
-        store::in_states(
-            &mut conn,
-            &[
-                State::AwaitingConfirmation,
-                State::Placed,
-                State::Binding,
-                State::Active,
-                State::Pending,
-            ],
-        )
-        .await?
+        store::due(&mut conn, now, CONFIRMATION_WINDOW_MS).await?
     };
+    let due = work.len();
+    let lag = work.iter().map(|r| now - due_since(r)).max().unwrap_or(0);
     for r in work {
         let id = r.id.clone();
         match advance(app, r, now).await {
@@ -63,7 +56,24 @@ pub async fn run_once(app: &App) -> Result<()> {
     for (pool, nodes) in freed {
         wake_pool(app, &pool, &nodes).await?;
     }
+    app.metrics
+        .observe_reconciler_pass(started.elapsed().as_secs_f64(), due, lag);
     app.capacity.prune(&app.store).await
+}
+
+/// Since when `r` has been due (its earliest due time that has passed).
+fn due_since(r: &Reservation) -> i64 {
+    [
+        (r.state == State::AwaitingConfirmation).then_some(r.created_at + CONFIRMATION_WINDOW_MS),
+        r.lease_deadline_ms,
+        (!r.state.is_terminal()).then_some(r.end_ms),
+        (r.state == State::Placed).then_some(r.start_ms),
+        r.next_attempt_ms,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(i64::MAX)
 }
 
 /// The move time makes on `r` at `now`, if any; answers the pool it freed capacity in and

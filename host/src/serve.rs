@@ -53,6 +53,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ORL_MAX_CONNECTIONS", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+    /// Most PostgreSQL connections this replica opens for requests and background work (the
+    /// capacity view and the event stream hold a few more of their own). Size it so that
+    /// the replicas together stay below the server's `max_connections`.
+    #[arg(long, env = "ORL_DATABASE_CONNECTIONS", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(2..))]
+    pub database_connections: u32,
 }
 
 /// Environment variable holding the bootstrap admin key (`or_…`).
@@ -80,7 +86,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .database_url
         .clone()
         .unwrap_or_else(|| Store::sqlite_url(&args.data_dir));
-    let store = Store::open(&url).await?;
+    let store = Store::open(&url, args.database_connections).await?;
     tracing::info!(backend = ?store.backend(), "database ready");
     let policy = crate::policy::PolicyHost::new(&args.data_dir)?;
     let app = App::new(

@@ -41,8 +41,9 @@ pub struct Tx {
 }
 
 impl Store {
-    /// Connects to `url` (`sqlite://…` or `postgres://…`) and applies the migrations.
-    pub async fn open(url: &str) -> anyhow::Result<Store> {
+    /// Connects to `url` (`sqlite://…` or `postgres://…`) and applies the migrations; on
+    /// PostgreSQL the pool holds at most `max_connections`.
+    pub async fn open(url: &str, max_connections: u32) -> anyhow::Result<Store> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Backend::Postgres
@@ -75,7 +76,7 @@ impl Store {
             }
             Backend::Postgres => {
                 AnyPoolOptions::new()
-                    .max_connections(16)
+                    .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(10))
                     .connect_with(options)
                     .await

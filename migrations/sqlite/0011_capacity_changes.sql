@@ -55,6 +55,7 @@ CREATE INDEX compute_reservations_due_end ON compute_reservations (end_ms)
     WHERE state IN ('pending', 'placed', 'binding', 'active');
 CREATE INDEX compute_reservations_due_lease ON compute_reservations (lease_deadline_ms)
     WHERE lease_deadline_ms IS NOT NULL;
-CREATE INDEX compute_reservations_due_retry ON compute_reservations (pool_id, position) WHERE state = 'pending';
+CREATE INDEX compute_reservations_due_attempt ON compute_reservations (next_attempt_ms) WHERE state = 'pending';
+CREATE INDEX compute_reservations_pending ON compute_reservations (pool_id, position) WHERE state = 'pending';
 CREATE INDEX compute_reservations_due_confirmation ON compute_reservations (created_at)
     WHERE state = 'awaiting-confirmation';

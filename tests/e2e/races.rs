@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use sqlx::Row as _;
 
 use crate::invariants;
-use crate::support::{Api, Db, Server, T0, on_both_databases, register_node};
+use crate::support::{Api, Db, Options, Server, T0, on_both_databases, register_node};
 
 const MIN: i64 = 60_000;
 const HOUR: i64 = 60 * MIN;
@@ -25,7 +25,11 @@ pub(crate) struct Fleet {
 }
 
 pub(crate) async fn fleet(db: Db, nodes: usize, gpus: i64, policy: Value) -> Fleet {
-    let server = Server::start(db).await;
+    let options = Options {
+        args: vec!["--database-connections".into(), "6".into()],
+        ..Options::default()
+    };
+    let server = Server::start_with(db, options).await;
     let provider = server.org_with_key("acme", "provider").await;
     let node_ids: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
     for node in &node_ids {

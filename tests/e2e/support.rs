@@ -173,6 +173,8 @@ impl Server {
         let data_dir = tempfile::tempdir().unwrap();
         let options = Options {
             admin_key: Some(self.admin.clone()),
+            // Replicas of parallel tests share one PostgreSQL server's connection slots.
+            args: vec!["--database-connections".into(), "6".into()],
             ..Options::default()
         };
         let (child, url, banner) = spawn(data_dir.path(), &database, &options).await;

@@ -316,17 +316,31 @@ pub async fn find(conn: &mut AnyConnection, id: &str, lock: &str) -> Result<Opti
     Ok(load(conn, rows).await?.into_iter().next())
 }
 
-/// Reservations in `states`, oldest first (the reconciler's work lists).
-pub async fn in_states(conn: &mut AnyConnection, states: &[State]) -> Result<Vec<Reservation>> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM compute_reservations WHERE state IN ({}) ORDER BY position",
-        placeholders(1, states.len())
-    );
-    let mut query = sqlx::query(&sql);
-    for state in states {
-        query = query.bind(state.as_str());
-    }
-    let rows = query.fetch_all(&mut *conn).await?;
+/// The reservations time moves at `now`, oldest first (the reconciler's work list): a
+/// confirmation older than `confirmation_window_ms`, a lapsed lease, an ended window, a
+/// start reached, a pending retry due (queued ones, without a next attempt, every pass).
+/// Each term is served by a partial index on its due time, so a pass reads what is due,
+/// not every live reservation.
+pub async fn due(
+    conn: &mut AnyConnection,
+    now: i64,
+    confirmation_window_ms: i64,
+) -> Result<Vec<Reservation>> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM compute_reservations
+         WHERE (state = 'awaiting-confirmation' AND created_at <= $1)
+            OR (lease_deadline_ms IS NOT NULL AND lease_deadline_ms <= $2
+                AND state IN ('placed', 'binding', 'active'))
+            OR (state IN ('pending', 'placed', 'binding', 'active') AND end_ms <= $2)
+            OR (state = 'placed' AND start_ms <= $2)
+            OR (state = 'pending' AND next_attempt_ms <= $2)
+            OR (state = 'pending' AND next_attempt_ms IS NULL)
+         ORDER BY position"
+    ))
+    .bind(now - confirmation_window_ms)
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await?;
     load(conn, rows).await
 }
 
