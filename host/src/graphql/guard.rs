@@ -13,7 +13,8 @@ use async_graphql::parser::types::{ExecutableDocument, Selection, SelectionSet};
 use async_graphql::{ErrorExtensions as _, Pos, ServerError, ServerResult, Value, Variables};
 
 use super::limits::{
-    MAX_DIRECTIVES, MAX_FRAGMENTS, MAX_NESTING, MAX_QUERY_BYTES, MAX_ROOT_FIELDS, MAX_SELECTIONS,
+    MAX_DIRECTIVES, MAX_FRAGMENTS, MAX_INTROSPECTION_FIELDS, MAX_NESTING, MAX_QUERY_BYTES,
+    MAX_ROOT_FIELDS, MAX_SELECTIONS,
 };
 
 /// The extension that applies the bounds to every operation, over HTTP and WebSocket.
@@ -152,6 +153,8 @@ struct Cost {
     depth: usize,
     /// Fields selected at this level, through fragments.
     roots: usize,
+    /// Introspection fields (`__schema`, `__type`) at this level, through fragments.
+    introspection: usize,
 }
 
 struct Measure<'a> {
@@ -185,10 +188,12 @@ impl<'a> Measure<'a> {
                         check_arguments!(&directive.node.arguments);
                     }
                     let inner = self.selection_set(&field.node.selection_set.node, depth + 1)?;
+                    let name = field.node.name.node.as_str();
                     Cost {
                         selections: inner.selections.saturating_add(1),
                         depth: inner.depth,
                         roots: 1,
+                        introspection: usize::from(name == "__schema" || name == "__type"),
                     }
                 }
                 Selection::InlineFragment(inline) => {
@@ -207,6 +212,7 @@ impl<'a> Measure<'a> {
             total.selections = total.selections.saturating_add(inner.selections);
             total.depth = total.depth.max(inner.depth);
             total.roots = total.roots.saturating_add(inner.roots);
+            total.introspection = total.introspection.saturating_add(inner.introspection);
             if total.selections > MAX_SELECTIONS {
                 return Err(too_complex(format_args!(
                     "more than {MAX_SELECTIONS} fields with its fragments expanded"
@@ -279,6 +285,12 @@ fn measure(document: &ExecutableDocument) -> ServerResult<()> {
         if cost.roots > MAX_ROOT_FIELDS {
             return Err(too_complex(format_args!(
                 "more than {MAX_ROOT_FIELDS} fields at its root"
+            )));
+        }
+        // An introspection field returns the whole schema however little it selects.
+        if cost.introspection > MAX_INTROSPECTION_FIELDS {
+            return Err(too_complex(format_args!(
+                "more than {MAX_INTROSPECTION_FIELDS} introspection fields (__schema, __type)"
             )));
         }
     }

@@ -22,6 +22,9 @@ pub const MAX_SELECTIONS: usize = 1_000;
 /// Most fields at the root of one operation, through fragments: each is resolved on its
 /// own.
 pub const MAX_ROOT_FIELDS: usize = 32;
+/// Most introspection fields (`__schema`, `__type`) at the root of one operation: each
+/// lists the schema's types however few fields it selects, so aliases would multiply that.
+pub const MAX_INTROSPECTION_FIELDS: usize = 4;
 /// Most fragments one document defines.
 pub const MAX_FRAGMENTS: usize = 100;
 /// Most directives on one field (checked by [`super::guard`]; the schema's own check
