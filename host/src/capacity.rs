@@ -74,6 +74,24 @@ impl NodeCapacity {
     }
 }
 
+impl NodeCapacity {
+    /// How many sellable units no active booking holds at any time in `[start, end)`: an
+    /// upper bound of what a request over that window could get here.
+    pub fn free_units(&self, start: i64, end: i64) -> usize {
+        self.node
+            .units
+            .iter()
+            .filter(|u| u.sellable)
+            .filter(|u| {
+                !self
+                    .bookings
+                    .iter()
+                    .any(|b| b.unit_id == u.id && b.start_ms < end && b.end_ms > start)
+            })
+            .count()
+    }
+}
+
 /// An active booking of one unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Booked {

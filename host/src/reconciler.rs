@@ -177,14 +177,32 @@ async fn activate(app: &App, mut r: Reservation) -> Result<()> {
 /// than wait for the change to be announced.
 pub async fn wake_pool(app: &App, pool_id: &str, freed: &[String]) -> Result<()> {
     app.capacity.forget(freed).await;
-    let pending: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM compute_reservations WHERE pool_id = $1 AND state = 'pending' ORDER BY position",
-    )
-    .bind(pool_id)
-    .fetch_all(app.store.pool())
-    .await?;
-    for id in pending {
-        retry(app, &id).await;
+    let pending = {
+        let mut conn = app.store.pool().acquire().await?;
+        store::pending_in_pool(&mut conn, pool_id).await?
+    };
+    if pending.is_empty() {
+        return Ok(());
+    }
+    // What did not fit before can fit now only where capacity freed: skip what no freed
+    // node has room for (a gang, or freed capacity of unknown nodes, is always retried).
+    let freed = if freed.is_empty() {
+        None
+    } else {
+        Some(app.capacity.nodes(freed).await?)
+    };
+    let now = app.now_ms();
+    for r in pending {
+        let wanted: i64 = r.request.devices.iter().map(|d| d.count).sum();
+        let may_fit = r.request.gang.is_some()
+            || freed.as_ref().is_none_or(|nodes| {
+                nodes
+                    .iter()
+                    .any(|n| n.free_units(r.start_ms.max(now), r.end_ms) as i64 >= wanted)
+            });
+        if may_fit {
+            retry(app, &r.id).await;
+        }
     }
     Ok(())
 }

@@ -274,7 +274,7 @@ impl Client {
     }
 }
 
-/// Latency of the reads a dashboard or a tenant makes, 200 of each, one at a time.
+/// Latency of the reads a dashboard or a tenant makes, 50 of each, one at a time.
 async fn reads(tenant: &Api, admin: &Api, ids: &[String]) -> anyhow::Result<()> {
     let graphql = json!({ "query": "{ nodes(orgId: \"acme\", first: 100) { edges { node { id units { id } } } } }" });
     let id = ids.first().cloned().unwrap_or_default();
@@ -304,7 +304,7 @@ async fn reads(tenant: &Api, admin: &Api, ids: &[String]) -> anyhow::Result<()> 
     ];
     for (name, api, method, path, body) in reads {
         let mut latencies = Vec::new();
-        for _ in 0..200 {
+        for _ in 0..50 {
             let sent = Instant::now();
             let (status, answer) = api.call(method, path, body.clone()).await?;
             if !status.is_success() {

@@ -128,7 +128,13 @@ pub(super) async fn try_place(
             }
         }
     };
-    if !r.spot {
+    let spot_nodes = snapshot.nodes_holding_spot();
+    if !r.spot && !spot_nodes.is_empty() {
+        // Preemption terminates what the snapshot shows: read the nodes holding spot work
+        // again, so that no victim is chosen that a concurrent create already took.
+        app.capacity.forget(&spot_nodes).await;
+        let snapshot =
+            Snapshot::load(app, &pool.node_ids, &r.id, r.start_ms, r.end_ms, now).await?;
         let mut attempt = sqlx::Connection::begin(&mut *conn).await?;
         if preempt::make_room(app, &mut attempt, pool, r, &snapshot, now).await? {
             // The terminations changed what is free: place on a fresh snapshot.

@@ -332,6 +332,19 @@ impl Snapshot {
         }))
     }
 
+    /// The nodes where spot work holds units over the window (what preemption could free).
+    pub fn nodes_holding_spot(&self) -> Vec<String> {
+        let mut nodes: Vec<String> = self
+            .holds
+            .iter()
+            .filter(|(_, holds)| holds.iter().any(|h| h.spot))
+            .map(|((node, _), _)| node.clone())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
     /// Whether `r` may have all of `node`: no booking or host booking holds any of it over
     /// the window, and the node reservations let `r` place on every sellable unit.
     fn wholly_free(&self, node: &Node, r: &Reservation) -> bool {

@@ -344,6 +344,17 @@ pub async fn due(
     load(conn, rows).await
 }
 
+/// The pending reservations of a pool, oldest first.
+pub async fn pending_in_pool(conn: &mut AnyConnection, pool_id: &str) -> Result<Vec<Reservation>> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM compute_reservations WHERE pool_id = $1 AND state = 'pending' ORDER BY position"
+    ))
+    .bind(pool_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    load(conn, rows).await
+}
+
 /// A page of a tenant's reservations, newest first, drafts skipped; `before` is the id of
 /// the last reservation of the previous page.
 pub async fn page(
