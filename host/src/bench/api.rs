@@ -4,7 +4,7 @@
 //! fresh database on `--database-url`'s PostgreSQL server), registers the nodes (8 H100s in
 //! two NVLink domains of 4) over the API, puts them in one pool offered to one tenant, and
 //! drives concurrent clients that create reservations of 1, 2, 4 and 8 GPUs (half of the 4s
-//! and 8s `nvlink-all`), releasing their oldest ones whenever the pool is more than 70 %
+//! `nvlink-all`; an 8 is a whole node), releasing their oldest ones whenever the pool is more than 70 %
 //! booked. It prints creates per second, latency percentiles, answers by code, the server's
 //! CPU time per create and its resident memory, then the latency of `get`, `list`, a page
 //! of the catalog and a GraphQL page of 100 nodes.
@@ -242,7 +242,7 @@ impl Client {
             }
             let gpus = [1, 2, 4, 8][self.rng.random_range(0..4)];
             let mut device = json!({ "class": "gpu", "count": gpus });
-            if gpus >= 4 && self.rng.random_bool(0.5) {
+            if gpus == 4 && self.rng.random_bool(0.5) {
                 device["topology"] = json!("nvlink-all");
             }
             n += 1;
@@ -255,7 +255,11 @@ impl Client {
                 .await?;
             report.latencies.push(sent.elapsed());
             let code = if status.is_success() {
-                answer["state"].as_str().unwrap_or("?").to_string()
+                let state = answer["state"].as_str().unwrap_or("?");
+                match answer["conditions"][0]["message"].as_str() {
+                    Some(why) if state == "pending" => format!("pending: {why}"),
+                    _ => state.to_string(),
+                }
             } else {
                 answer["error"]["code"]
                     .as_str()

@@ -105,7 +105,7 @@ pub async fn create(
 }
 
 /// What the database says before a create decides: the stored reservation under this id,
-/// the pool and the tenant's offer, the pool's nodes, the tenant's policy.
+/// the pool and the tenant's offer, the pool's nodes (their inventory), the tenant's policy.
 struct Context {
     existing: Option<Reservation>,
     confirmation: Option<String>,
@@ -115,7 +115,7 @@ struct Context {
     policy: Option<String>,
 }
 
-async fn read_context(app: &App, id: &str, request: &CreateRequest, now: i64) -> Result<Context> {
+async fn read_context(app: &App, id: &str, request: &CreateRequest) -> Result<Context> {
     let mut conn = app.store.pool().acquire().await?;
     let existing = store::find(&mut conn, id, "").await?;
     let confirmation = match &existing {
@@ -125,7 +125,7 @@ async fn read_context(app: &App, id: &str, request: &CreateRequest, now: i64) ->
         _ => None,
     };
     let (pool, offer) = bookable_pool(&mut conn, &request.pool_id, &request.tenant_id).await?;
-    let snapshot = Snapshot::load(app, &pool.node_ids, id, now, now, now).await?;
+    let snapshot = Snapshot::inventory(app, &pool.node_ids).await?;
     let policy = policy::find(&mut conn, &request.tenant_id).await?;
     Ok(Context {
         existing,
@@ -172,7 +172,7 @@ async fn decide_and_place(
         offer,
         snapshot,
         policy: policy_text,
-    } = read_context(app, id, &request, now).await?;
+    } = read_context(app, id, &request).await?;
     if let Some(existing) = &existing
         && existing.state == State::AwaitingConfirmation
     {

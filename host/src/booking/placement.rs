@@ -177,11 +177,14 @@ pub struct Candidacy {
 /// What the database says about a pool's nodes over a window.
 pub struct Snapshot {
     pub nodes: Vec<Arc<Node>>,
-    holds: HashMap<(String, String), Vec<Hold>>,
-    host_used: HashMap<String, HostBooking>,
+    /// By (node, unit) index into `nodes`.
+    holds: HashMap<(usize, usize), Vec<Hold>>,
+    /// By node index.
+    host_used: HashMap<usize, HostBooking>,
     /// Host resources booked by work that is not spot (what preemption cannot free).
-    host_used_steady: HashMap<String, HostBooking>,
-    claims: HashMap<(String, String), Vec<crate::node_reservations::Rights>>,
+    host_used_steady: HashMap<usize, HostBooking>,
+    /// By (node, unit) index into `nodes`.
+    claims: HashMap<(usize, usize), Vec<crate::node_reservations::Rights>>,
     now: i64,
 }
 
@@ -199,6 +202,24 @@ impl Snapshot {
     ) -> Result<Snapshot> {
         let held = app.capacity.nodes(pool_node_ids).await?;
         Ok(Snapshot::of(&held, own, start, end, now))
+    }
+
+    /// The pool's nodes that take placements, without what books or claims them: what a
+    /// request is checked against before it is decided.
+    pub async fn inventory(app: &App, pool_node_ids: &[String]) -> Result<Snapshot> {
+        let held = app.capacity.nodes(pool_node_ids).await?;
+        Ok(Snapshot {
+            nodes: held
+                .iter()
+                .filter(|c| !c.node.is_lost())
+                .map(|c| c.node.clone())
+                .collect(),
+            holds: HashMap::new(),
+            host_used: HashMap::new(),
+            host_used_steady: HashMap::new(),
+            claims: HashMap::new(),
+            now: 0,
+        })
     }
 
     /// As [`Snapshot::load`], but read on `conn` itself: a transaction that changed
@@ -243,22 +264,23 @@ impl Snapshot {
             if node.is_lost() {
                 continue;
             }
+            let n = snapshot.nodes.len();
             snapshot.nodes.push(node.clone());
+            let unit_index = |id: &str| node.units.iter().position(|u| u.id == id);
             let overlaps = |s: i64, e: i64, id: &str| id != own && s < end && e > start;
             for b in capacity
                 .bookings
                 .iter()
                 .filter(|b| overlaps(b.start_ms, b.end_ms, &b.reservation_id))
             {
-                snapshot
-                    .holds
-                    .entry((node.id.clone(), b.unit_id.clone()))
-                    .or_default()
-                    .push(Hold {
-                        reservation_id: b.reservation_id.clone(),
-                        spot: b.spot,
-                        start_ms: b.start_ms,
-                    });
+                let Some(u) = unit_index(&b.unit_id) else {
+                    continue;
+                };
+                snapshot.holds.entry((n, u)).or_default().push(Hold {
+                    reservation_id: b.reservation_id.clone(),
+                    spot: b.spot,
+                    start_ms: b.start_ms,
+                });
             }
             for h in capacity
                 .host
@@ -271,17 +293,9 @@ impl Snapshot {
                     hugepages_1gi: h.hugepages_1gi,
                 };
                 if !h.spot {
-                    snapshot
-                        .host_used_steady
-                        .entry(node.id.clone())
-                        .or_default()
-                        .add(booked);
+                    snapshot.host_used_steady.entry(n).or_default().add(booked);
                 }
-                snapshot
-                    .host_used
-                    .entry(node.id.clone())
-                    .or_default()
-                    .add(booked);
+                snapshot.host_used.entry(n).or_default().add(booked);
             }
             for record in capacity
                 .claims
@@ -289,10 +303,10 @@ impl Snapshot {
                 .filter(|r| r.term.ends_at.is_none_or(|e| e > now) && r.term.overlaps(&window))
             {
                 let rights = record.rights(now);
-                for unit in &record.unit_ids {
+                for u in record.unit_ids.iter().filter_map(|id| unit_index(id)) {
                     snapshot
                         .claims
-                        .entry((node.id.clone(), unit.clone()))
+                        .entry((n, u))
                         .or_default()
                         .push(rights.clone());
                 }
@@ -338,7 +352,7 @@ impl Snapshot {
             .holds
             .iter()
             .filter(|(_, holds)| holds.iter().any(|h| h.spot))
-            .map(|((node, _), _)| node.clone())
+            .map(|((n, _), _)| self.nodes[*n].id.clone())
             .collect();
         nodes.sort();
         nodes.dedup();
@@ -347,13 +361,18 @@ impl Snapshot {
 
     /// Whether `r` may have all of `node`: no booking or host booking holds any of it over
     /// the window, and the node reservations let `r` place on every sellable unit.
-    fn wholly_free(&self, node: &Node, r: &Reservation) -> bool {
-        !self.host_used.contains_key(&node.id)
-            && node.units.iter().filter(|u| u.sellable).all(|unit| {
-                let key = (node.id.clone(), unit.id.clone());
-                let claims = self.claims.get(&key).map_or(&[][..], Vec::as_slice);
-                !self.holds.contains_key(&key) && may_place(&r.tenant_id, &unit.id, claims, r.spot)
-            })
+    fn wholly_free(&self, n: usize, r: &Reservation) -> bool {
+        !self.host_used.contains_key(&n)
+            && self.nodes[n]
+                .units
+                .iter()
+                .enumerate()
+                .filter(|(_, unit)| unit.sellable)
+                .all(|(u, unit)| {
+                    let claims = self.claims.get(&(n, u)).map_or(&[][..], Vec::as_slice);
+                    !self.holds.contains_key(&(n, u))
+                        && may_place(&r.tenant_id, &unit.id, claims, r.spot)
+                })
     }
 
     /// The units a placement on `node` books: those the placer chose, or for a node
@@ -440,11 +459,11 @@ impl Snapshot {
             } else {
                 &self.host_used
             };
-            if !has_room(&node.host, host_used.get(&node.id), reservation.resources) {
+            if !has_room(&node.host, host_used.get(&n), reservation.resources) {
                 continue;
             }
             // A node binding hands the whole node over: only a node nothing else holds.
-            if reservation.binding == super::Binding::Node && !self.wholly_free(node, reservation) {
+            if reservation.binding == super::Binding::Node && !self.wholly_free(n, reservation) {
                 continue;
             }
             let mut domains: Vec<String> = Vec::new();
@@ -464,7 +483,7 @@ impl Snapshot {
                         }
                     }
                 });
-                let key = (node.id.clone(), unit.id.clone());
+                let key = (n, u);
                 let holds = self.holds.get(&key).map_or(&[][..], Vec::as_slice);
                 let busy = !holds.is_empty();
                 busy_units += u32::from(busy);
