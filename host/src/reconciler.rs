@@ -14,12 +14,11 @@ use serde_json::json;
 
 use crate::booking::binding;
 use crate::booking::engine;
-use crate::booking::lifecycle::terminate;
+use crate::booking::lifecycle::{audit_move, terminate};
 use crate::booking::store::{self, Reservation};
 use crate::booking::{Binding, State};
-use crate::iam::Principal;
 use crate::iam::confirmations::CONFIRMATION_WINDOW_MS;
-use crate::{App, Result, audit, events};
+use crate::{App, Result, events};
 
 /// One pass over every reservation that time may move. Each reservation moves in its own
 /// transaction, conditional on the version the pass read: a reservation another replica (or
@@ -123,24 +122,6 @@ async fn finish(app: &App, mut r: Reservation, state: State, reason: &str) -> Re
     audit_move(&mut tx, &r, reason, now).await?;
     tx.commit().await?;
     Ok(true)
-}
-
-/// Audits a move the reconciler made, as the system.
-async fn audit_move(
-    conn: &mut sqlx::AnyConnection,
-    r: &Reservation,
-    name: &str,
-    now: i64,
-) -> Result<()> {
-    let entry = audit::Entry {
-        org_id: &r.tenant_id,
-        action: &format!("compute-reservation.{name}"),
-        object_type: "compute-reservation",
-        object_id: &r.id,
-        reason: r.reason.as_deref(),
-        details: Some(json!({ "state": r.state })),
-    };
-    audit::record(conn, &Principal::system(), entry, now).await
 }
 
 /// A held reservation becomes active at its start (`hold` needs no node to bind); a `node`

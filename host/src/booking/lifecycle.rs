@@ -62,6 +62,25 @@ pub(super) fn changed_concurrently(r: &Reservation) -> Error {
     )
 }
 
+/// Audits a move the server made on its own (the reconciler, node loss), as the system:
+/// action `compute-reservation.<name>`.
+pub async fn audit_move(
+    conn: &mut AnyConnection,
+    r: &Reservation,
+    name: &str,
+    now: i64,
+) -> Result<()> {
+    let entry = Entry {
+        org_id: &r.tenant_id,
+        action: &format!("compute-reservation.{name}"),
+        object_type: "compute-reservation",
+        object_id: &r.id,
+        reason: r.reason.as_deref(),
+        details: Some(json!({ "state": r.state })),
+    };
+    audit::record(conn, &Principal::system(), entry, now).await
+}
+
 /// Loads a reservation of `tenant` for a method that needs `permission`; callers decide
 /// what a draft means to them.
 pub(super) async fn authorized(

@@ -69,6 +69,7 @@ pub async fn detect_lost_nodes(app: &App) -> Result<Vec<String>> {
                 now,
             );
             if terminate(&mut tx, &mut r, State::Failed, NODE_LOST, now).await? {
+                crate::booking::lifecycle::audit_move(&mut tx, &r, NODE_LOST, now).await?;
                 pools.push(r.pool_id.clone());
             }
             tx.commit().await?;
