@@ -494,7 +494,11 @@ async fn released_units_go_on_the_spot_market(db: Db) {
         .iter()
         .filter(|e| e["action"] == "node-reservation.release-units")
         .collect();
-    assert_eq!(releases.len(), 1, "releasing what is released records nothing");
+    assert_eq!(
+        releases.len(),
+        1,
+        "releasing what is released records nothing"
+    );
     assert_eq!(releases[0]["reason"], "idle this week");
 
     let pending = w
