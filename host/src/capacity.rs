@@ -132,7 +132,7 @@ struct Heard {
 }
 
 struct State {
-    nodes: HashMap<String, Arc<NodeCapacity>>,
+    nodes: HashMap<String, Arc<NodeCapacity>, foldhash::fast::RandomState>,
     feed: Feed,
 }
 
@@ -158,7 +158,7 @@ impl View {
         };
         View {
             state: tokio::sync::Mutex::new(State {
-                nodes: HashMap::new(),
+                nodes: HashMap::default(),
                 feed,
             }),
             reader: store.reader(2),
@@ -183,20 +183,27 @@ impl View {
             }
             None => state.nodes.clear(),
         }
+        let mut out: Vec<Option<Arc<NodeCapacity>>> =
+            ids.iter().map(|id| state.nodes.get(id).cloned()).collect();
         let missing: Vec<String> = ids
             .iter()
-            .filter(|id| !state.nodes.contains_key(*id))
-            .cloned()
+            .zip(&out)
+            .filter(|(_, held)| held.is_none())
+            .map(|(id, _)| id.clone())
             .collect();
-        for chunk in missing.chunks(LOAD_BATCH) {
-            for node in load(conn, chunk).await? {
-                state.nodes.insert(node.node.id.clone(), Arc::new(node));
+        if !missing.is_empty() {
+            for chunk in missing.chunks(LOAD_BATCH) {
+                for node in load(conn, chunk).await? {
+                    state.nodes.insert(node.node.id.clone(), Arc::new(node));
+                }
+            }
+            for (id, held) in ids.iter().zip(out.iter_mut()) {
+                if held.is_none() {
+                    *held = state.nodes.get(id).cloned();
+                }
             }
         }
-        Ok(ids
-            .iter()
-            .filter_map(|id| state.nodes.get(id).cloned())
-            .collect())
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// Forgets `ids`: the next read loads them from the database. For nodes this replica

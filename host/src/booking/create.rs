@@ -189,10 +189,11 @@ async fn decide_and_place(
         }
     }
     check_against_pool(&request, binding, &pool, &snapshot)?;
+    let share = snapshot.per_gpu_share(&pool.policy);
     let mut draft = match existing {
         Some(existing) => existing,
         None => {
-            let draft = new_draft(caller, id, &request, binding, &pool, &snapshot, now)?;
+            let draft = new_draft(caller, id, &request, binding, share, now)?;
             let mut tx = app.store.begin().await?;
             match store::insert(&mut tx, &draft).await {
                 Ok(()) => {
@@ -261,11 +262,7 @@ async fn decide_and_place(
         }
     }
     // Quota: the devices, and host resources above the pool's per-GPU share.
-    let (_, excess) = host_resources(
-        request.gpu_count(),
-        snapshot.per_gpu_share(&pool.policy),
-        request.resources,
-    );
+    let (_, excess) = host_resources(request.gpu_count(), share, request.resources);
     let charge = quota_charge(&request, excess);
     charge_and_place(app, caller, &pool, offer.as_ref(), draft, charge).await
 }
@@ -291,17 +288,12 @@ fn new_draft(
     id: &str,
     request: &CreateRequest,
     binding: Binding,
-    pool: &Pool,
-    snapshot: &Snapshot,
+    share: Option<crate::pools::PerGpu>,
     now: i64,
 ) -> Result<Reservation> {
     let start = request.start.unwrap_or(now).max(now);
     let duration = request.duration.to_ms("duration")?;
-    let (resources, _) = host_resources(
-        request.gpu_count(),
-        snapshot.per_gpu_share(&pool.policy),
-        request.resources,
-    );
+    let (resources, _) = host_resources(request.gpu_count(), share, request.resources);
     let mut stored = request.clone();
     stored.wait = None;
     Ok(Reservation {

@@ -174,17 +174,20 @@ pub struct Candidacy {
     pub spot_reservations: Vec<String>,
 }
 
+/// A map keyed by positions in a snapshot, hashed fast (the keys are not the caller's).
+type Indexed<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+
 /// What the database says about a pool's nodes over a window.
 pub struct Snapshot {
     pub nodes: Vec<Arc<Node>>,
     /// By (node, unit) index into `nodes`.
-    holds: HashMap<(usize, usize), Vec<Hold>>,
+    holds: Indexed<(usize, usize), Vec<Hold>>,
     /// By node index.
-    host_used: HashMap<usize, HostBooking>,
+    host_used: Indexed<usize, HostBooking>,
     /// Host resources booked by work that is not spot (what preemption cannot free).
-    host_used_steady: HashMap<usize, HostBooking>,
+    host_used_steady: Indexed<usize, HostBooking>,
     /// By (node, unit) index into `nodes`.
-    claims: HashMap<(usize, usize), Vec<crate::node_reservations::Rights>>,
+    claims: Indexed<(usize, usize), Vec<crate::node_reservations::Rights>>,
     now: i64,
 }
 
@@ -214,10 +217,10 @@ impl Snapshot {
                 .filter(|c| !c.node.is_lost())
                 .map(|c| c.node.clone())
                 .collect(),
-            holds: HashMap::new(),
-            host_used: HashMap::new(),
-            host_used_steady: HashMap::new(),
-            claims: HashMap::new(),
+            holds: Indexed::default(),
+            host_used: Indexed::default(),
+            host_used_steady: Indexed::default(),
+            claims: Indexed::default(),
             now: 0,
         })
     }
@@ -252,10 +255,10 @@ impl Snapshot {
         };
         let mut snapshot = Snapshot {
             nodes: Vec::with_capacity(held.len()),
-            holds: HashMap::new(),
-            host_used: HashMap::new(),
-            host_used_steady: HashMap::new(),
-            claims: HashMap::new(),
+            holds: Indexed::default(),
+            host_used: Indexed::default(),
+            host_used_steady: Indexed::default(),
+            claims: Indexed::default(),
             now,
         };
         for capacity in held {
