@@ -192,10 +192,8 @@ impl View {
             .map(|(id, _)| id.clone())
             .collect();
         if !missing.is_empty() {
-            for chunk in missing.chunks(LOAD_BATCH) {
-                for node in load(conn, chunk).await? {
-                    state.nodes.insert(node.node.id.clone(), Arc::new(node));
-                }
+            for node in load(conn, &missing).await? {
+                state.nodes.insert(node.node.id.clone(), Arc::new(node));
             }
             for (id, held) in ids.iter().zip(out.iter_mut()) {
                 if held.is_none() {
@@ -223,10 +221,8 @@ impl View {
         let mut conn = self.reader.acquire().await?;
         let conn = &mut *conn;
         let mut fresh: HashMap<String, NodeCapacity> = HashMap::new();
-        for chunk in ids.chunks(LOAD_BATCH) {
-            for node in load(conn, chunk).await? {
-                fresh.insert(node.node.id.clone(), node);
-            }
+        for node in load(conn, ids).await? {
+            fresh.insert(node.node.id.clone(), node);
         }
         let mut differ: Vec<String> = held
             .iter()
@@ -301,6 +297,16 @@ impl State {
 /// them (inside a transaction: with its own uncommitted changes). The view uses it on
 /// committed data only.
 pub async fn load(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<NodeCapacity>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(LOAD_BATCH) {
+        out.extend(load_batch(conn, chunk).await?);
+    }
+    Ok(out)
+}
+
+/// [`load`] for at most [`LOAD_BATCH`] ids (one query each for nodes, units, bookings,
+/// host bookings and claims).
+async fn load_batch(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<NodeCapacity>> {
     let list = placeholders(2, ids.len());
     let mut bookings: HashMap<String, Vec<Booked>> = HashMap::new();
     let sql = format!(

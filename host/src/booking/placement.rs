@@ -235,15 +235,11 @@ impl Snapshot {
         end: i64,
         now: i64,
     ) -> Result<Snapshot> {
-        let mut held = Vec::with_capacity(pool_node_ids.len());
-        for chunk in pool_node_ids.chunks(500) {
-            held.extend(
-                crate::capacity::load(conn, chunk)
-                    .await?
-                    .into_iter()
-                    .map(Arc::new),
-            );
-        }
+        let held: Vec<Arc<NodeCapacity>> = crate::capacity::load(conn, pool_node_ids)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
         Ok(Snapshot::of(&held, own, start, end, now))
     }
 

@@ -308,8 +308,13 @@ async fn load(conn: &mut AnyConnection, org_id: Option<&str>) -> Result<Vec<Node
     .bind(org_id)
     .fetch_all(&mut *conn)
     .await?;
+    assemble(&rows, &unit_rows)
+}
+
+/// Node rows with their unit rows (by node, in position order) as nodes.
+fn assemble(rows: &[AnyRow], unit_rows: &[AnyRow]) -> Result<Vec<Node>> {
     let mut units: HashMap<String, Vec<Unit>> = HashMap::new();
-    for r in &unit_rows {
+    for r in unit_rows {
         units
             .entry(r.get("node_id"))
             .or_default()
@@ -344,21 +349,8 @@ pub async fn find_many(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<N
     for id in ids {
         unit_rows = unit_rows.bind(id);
     }
-    let mut units: HashMap<String, Vec<Unit>> = HashMap::new();
-    for r in &unit_rows.fetch_all(&mut *conn).await? {
-        units
-            .entry(r.get("node_id"))
-            .or_default()
-            .push(unit_from_row(r)?);
-    }
-    rows.iter()
-        .map(|r| {
-            node_from_row(
-                r,
-                units.remove(&r.get::<String, _>("id")).unwrap_or_default(),
-            )
-        })
-        .collect()
+    let unit_rows = unit_rows.fetch_all(&mut *conn).await?;
+    assemble(&rows, &unit_rows)
 }
 
 const NODE_COLUMNS: &str = "id, org_id, region, labels, host_vcpu, host_memory_gib, host_hugepages_1gi, \
