@@ -18,6 +18,7 @@ mod loaders;
 mod mutation;
 mod page;
 mod query;
+mod session;
 mod subscription;
 mod types;
 
@@ -38,6 +39,7 @@ fn builder() -> SchemaBuilder<query::Query, mutation::Mutation, subscription::Su
         .limit_depth(limits::MAX_DEPTH)
         .limit_complexity(limits::MAX_COMPLEXITY)
         .extension(guard::Guard)
+        .extension(session::Session)
 }
 
 /// The schema serving `app`.

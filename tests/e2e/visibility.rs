@@ -23,6 +23,7 @@ const REVOCATION_GRACE: Duration = Duration::from_secs(5);
 on_both_databases!(
     a_revoked_key_ends_its_event_stream_and_receives_nothing_written_after,
     a_revoked_key_ends_its_graphql_subscription_and_receives_nothing_written_after,
+    a_revoked_keys_open_socket_answers_no_more_queries,
     a_managing_org_sees_only_the_node_reservations_it_manages,
     plugins_name_only_the_pools_the_caller_sees,
     the_catalog_shows_only_nodes_of_pools_the_org_owns_or_is_offered,
@@ -326,6 +327,41 @@ async fn a_revoked_key_ends_its_graphql_subscription_and_receives_nothing_writte
             );
         }
     }
+}
+
+async fn a_revoked_keys_open_socket_answers_no_more_queries(db: Db) {
+    let server = Server::start(db).await;
+    server.org_with_key("acme", "provider").await;
+    let (secret, id) = key_with_id(&server, "acme", json!({ "role": "viewer" })).await;
+    let mut socket = Socket::open(&server, &secret).await;
+    let query = "{ viewer { orgId } }";
+    // The answer to operation `id` on the socket (its `next` or `error` message).
+    async fn answer(socket: &mut Socket, id: &str) -> Value {
+        loop {
+            let message = socket
+                .next_within(Duration::from_secs(10))
+                .await
+                .expect("the socket answers");
+            if message["id"] == id && message["type"] != "complete" {
+                return message;
+            }
+        }
+    }
+    socket.subscribe("q1", query).await;
+    let before = answer(&mut socket, "q1").await;
+    assert_eq!(
+        before["payload"]["data"]["viewer"]["orgId"], "acme",
+        "{before}"
+    );
+    revoke(&server, "acme", &id).await;
+    socket.subscribe("q2", query).await;
+    let after = answer(&mut socket, "q2").await;
+    assert_eq!(after["type"], "next", "{after}");
+    assert_eq!(after["payload"]["data"], Value::Null, "{after}");
+    assert_eq!(
+        after["payload"]["errors"][0]["extensions"]["code"], "UNAUTHENTICATED",
+        "{after}"
+    );
 }
 
 async fn a_managing_org_sees_only_the_node_reservations_it_manages(db: Db) {

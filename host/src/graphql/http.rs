@@ -145,6 +145,7 @@ async fn page_or_socket(
                     let caller = authenticate(&app, given.or(header_key)).await?;
                     let mut data = Data::default();
                     data.insert(caller);
+                    data.insert(super::session::OverWebSocket);
                     data.insert(Loaders::spawned(app));
                     Ok(data)
                 })
