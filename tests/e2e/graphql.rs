@@ -2,15 +2,10 @@
 //! the same keys, visibility and error codes as REST, and the limits on what one operation
 //! may ask for.
 
-use std::time::Duration;
-
-use futures::{SinkExt as _, StreamExt as _};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
-use crate::support::{Api, Db, Server, T0, on_both_databases, register_node};
+use crate::support::{Api, Db, Server, Socket, T0, on_both_databases, register_node};
 
 const MINUTE: i64 = 60_000;
 const HOUR: i64 = 3_600_000;
@@ -681,76 +676,6 @@ async fn a_thousand_nodes_with_units_and_bookings_cost_one_batched_query_per_pag
     }
     assert_eq!(seen, 1000);
     assert_eq!(booked, 8);
-}
-
-/// A `graphql-transport-ws` client.
-struct Socket {
-    ws: tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-}
-
-impl Socket {
-    /// Connects and initialises with `init` as the `connection_init` payload; returns the
-    /// server's answer to it (`connection_ack`, or the close that refused it).
-    async fn open(server: &Server, init: Value) -> (Socket, Option<Value>) {
-        let url = format!("{}/graphql", server.url.replacen("http", "ws", 1));
-        let mut request = url.into_client_request().unwrap();
-        request.headers_mut().insert(
-            "sec-websocket-protocol",
-            "graphql-transport-ws".parse().unwrap(),
-        );
-        let (ws, _) = tokio_tungstenite::connect_async(request)
-            .await
-            .expect("WebSocket upgrade");
-        let mut socket = Socket { ws };
-        socket
-            .send(json!({ "type": "connection_init", "payload": init }))
-            .await;
-        let answer = socket.next().await;
-        (socket, answer)
-    }
-
-    async fn send(&mut self, message: Value) {
-        self.ws
-            .send(Message::text(message.to_string()))
-            .await
-            .unwrap();
-    }
-
-    /// The next protocol message (pings answered), or `None` once the server closed.
-    async fn next(&mut self) -> Option<Value> {
-        loop {
-            let message = tokio::time::timeout(Duration::from_secs(15), self.ws.next())
-                .await
-                .expect("a message within 15 s")?
-                .ok()?;
-            match message {
-                Message::Text(text) => {
-                    let value: Value = serde_json::from_str(text.as_str()).unwrap();
-                    if value["type"] == "ping" {
-                        self.send(json!({ "type": "pong" })).await;
-                        continue;
-                    }
-                    return Some(value);
-                }
-                Message::Close(_) => return None,
-                _ => {}
-            }
-        }
-    }
-
-    async fn subscribe(&mut self, id: &str, query: &str) {
-        self.send(json!({ "id": id, "type": "subscribe", "payload": { "query": query } }))
-            .await;
-    }
-
-    /// The `data` of the next `next` message.
-    async fn event(&mut self) -> Value {
-        let message = self.next().await.expect("the subscription goes on");
-        assert_eq!(message["type"], "next", "{message}");
-        message["payload"]["data"].clone()
-    }
 }
 
 async fn subscriptions_receive_rest_changes_filtered_by_visibility(db: Db) {

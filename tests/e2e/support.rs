@@ -561,3 +561,89 @@ pub fn component(file: &str) -> PathBuf {
     assert!(path.exists(), "{} was not built", path.display());
     path
 }
+
+/// A `graphql-transport-ws` client of `/graphql`.
+pub struct Socket {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+}
+
+impl Socket {
+    /// Connects and initialises with `init` as the `connection_init` payload; returns the
+    /// server's answer to it (`connection_ack`, or the close that refused it).
+    pub async fn open(server: &Server, init: Value) -> (Socket, Option<Value>) {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let url = format!("{}/graphql", server.url.replacen("http", "ws", 1));
+        let mut request = url.into_client_request().unwrap();
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            "graphql-transport-ws".parse().unwrap(),
+        );
+        let (ws, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .expect("WebSocket upgrade");
+        let mut socket = Socket { ws };
+        socket
+            .send(json!({ "type": "connection_init", "payload": init }))
+            .await;
+        let answer = socket.next().await;
+        (socket, answer)
+    }
+
+    pub async fn send(&mut self, message: Value) {
+        use futures::SinkExt as _;
+        self.ws
+            .send(tokio_tungstenite::tungstenite::Message::text(
+                message.to_string(),
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// The next protocol message (pings answered), or `None` once the server closed;
+    /// nothing within 15 s fails the test.
+    pub async fn next(&mut self) -> Option<Value> {
+        let message = self.next_within(Duration::from_secs(15)).await;
+        assert_ne!(message, Some(Value::Null), "a message within 15 s");
+        message
+    }
+
+    /// The next protocol message within `wait` (pings answered): `Some(Value::Null)` when
+    /// nothing came, `None` once the server closed.
+    pub async fn next_within(&mut self, wait: Duration) -> Option<Value> {
+        use futures::StreamExt as _;
+        use tokio_tungstenite::tungstenite::Message;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let message = match tokio::time::timeout_at(deadline, self.ws.next()).await {
+                Err(_) => return Some(Value::Null),
+                Ok(message) => message?.ok()?,
+            };
+            match message {
+                Message::Text(text) => {
+                    let value: Value = serde_json::from_str(text.as_str()).unwrap();
+                    if value["type"] == "ping" {
+                        self.send(json!({ "type": "pong" })).await;
+                        continue;
+                    }
+                    return Some(value);
+                }
+                Message::Close(_) => return None,
+                _ => {}
+            }
+        }
+    }
+
+    pub async fn subscribe(&mut self, id: &str, query: &str) {
+        self.send(json!({ "id": id, "type": "subscribe", "payload": { "query": query } }))
+            .await;
+    }
+
+    /// The `data` of the next `next` message.
+    pub async fn event(&mut self) -> Value {
+        let message = self.next().await.expect("the subscription goes on");
+        assert_eq!(message["type"], "next", "{message}");
+        message["payload"]["data"].clone()
+    }
+}

@@ -4,15 +4,12 @@
 
 use std::time::Duration;
 
-use futures::{SinkExt as _, StreamExt as _};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
 use crate::support::{
-    Api, Db, Server, T0, assert_error, component, on_both_databases, register_node,
+    Api, Db, Server, Socket, T0, assert_error, component, on_both_databases, register_node,
 };
 
 const HOUR: i64 = 3_600_000;
@@ -193,73 +190,16 @@ async fn a_revoked_key_ends_its_event_stream_and_receives_nothing_written_after(
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
 }
 
-/// A `graphql-transport-ws` client.
-struct Socket {
-    ws: tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-}
-
-impl Socket {
-    /// Connects and initialises with `key`, expecting `connection_ack`.
-    async fn open(server: &Server, key: &str) -> Socket {
-        let url = format!("{}/graphql", server.url.replacen("http", "ws", 1));
-        let mut request = url.into_client_request().unwrap();
-        request.headers_mut().insert(
-            "sec-websocket-protocol",
-            "graphql-transport-ws".parse().unwrap(),
-        );
-        let (ws, _) = tokio_tungstenite::connect_async(request)
-            .await
-            .expect("WebSocket upgrade");
-        let mut socket = Socket { ws };
-        socket
-            .send(json!({ "type": "connection_init", "payload": { "Authorization": format!("Bearer {key}") } }))
-            .await;
-        let ack = socket.next_within(Duration::from_secs(15)).await;
-        assert_eq!(
-            ack.as_ref().map(|m| &m["type"]),
-            Some(&json!("connection_ack")),
-            "{ack:?}"
-        );
-        socket
-    }
-
-    async fn send(&mut self, message: Value) {
-        self.ws
-            .send(Message::text(message.to_string()))
-            .await
-            .unwrap();
-    }
-
-    /// The next protocol message within `wait` (pings answered): `Some(Value::Null)` when
-    /// nothing came, `None` once the server closed.
-    async fn next_within(&mut self, wait: Duration) -> Option<Value> {
-        let deadline = Instant::now() + wait;
-        loop {
-            let message = match tokio::time::timeout_at(deadline, self.ws.next()).await {
-                Err(_) => return Some(Value::Null),
-                Ok(message) => message?.ok()?,
-            };
-            match message {
-                Message::Text(text) => {
-                    let value: Value = serde_json::from_str(text.as_str()).unwrap();
-                    if value["type"] == "ping" {
-                        self.send(json!({ "type": "pong" })).await;
-                        continue;
-                    }
-                    return Some(value);
-                }
-                Message::Close(_) => return None,
-                _ => {}
-            }
-        }
-    }
-
-    async fn subscribe(&mut self, id: &str, query: &str) {
-        self.send(json!({ "id": id, "type": "subscribe", "payload": { "query": query } }))
-            .await;
-    }
+/// A socket initialised with `key`, after its `connection_ack`.
+async fn socket_of(server: &Server, key: &str) -> Socket {
+    let init = json!({ "Authorization": format!("Bearer {key}") });
+    let (socket, ack) = Socket::open(server, init).await;
+    assert_eq!(
+        ack.as_ref().map(|m| &m["type"]),
+        Some(&json!("connection_ack")),
+        "{ack:?}"
+    );
+    socket
 }
 
 async fn a_revoked_key_ends_its_graphql_subscription_and_receives_nothing_written_after(db: Db) {
@@ -269,7 +209,7 @@ async fn a_revoked_key_ends_its_graphql_subscription_and_receives_nothing_writte
 
     // Revoked while idle: the subscription completes within seconds.
     let (secret, id) = key_with_id(&server, "acme", json!({ "role": "viewer" })).await;
-    let mut socket = Socket::open(&server, &secret).await;
+    let mut socket = socket_of(&server, &secret).await;
     socket.subscribe("s1", subscription).await;
     // A subscription starts after the newest event: wait until it is running.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -289,7 +229,7 @@ async fn a_revoked_key_ends_its_graphql_subscription_and_receives_nothing_writte
 
     // Revoked just before an event is written: the event is never delivered.
     let (secret, id) = key_with_id(&server, "acme", json!({ "role": "viewer" })).await;
-    let mut socket = Socket::open(&server, &secret).await;
+    let mut socket = socket_of(&server, &secret).await;
     socket.subscribe("s2", subscription).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     register_node(&provider, "acme", "n2", 4).await;
@@ -333,7 +273,7 @@ async fn a_revoked_keys_open_socket_answers_no_more_queries(db: Db) {
     let server = Server::start(db).await;
     server.org_with_key("acme", "provider").await;
     let (secret, id) = key_with_id(&server, "acme", json!({ "role": "viewer" })).await;
-    let mut socket = Socket::open(&server, &secret).await;
+    let mut socket = socket_of(&server, &secret).await;
     let query = "{ viewer { orgId } }";
     // The answer to operation `id` on the socket (its `next` or `error` message).
     async fn answer(socket: &mut Socket, id: &str) -> Value {
