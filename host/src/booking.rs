@@ -3,7 +3,8 @@
 //! This module holds the request as the API takes it, its validation (the constraints of
 //! the reservation API's input tables), the idempotent id, the states, and the arithmetic
 //! of host resources and quota; all plain functions. [`engine`] runs them against the
-//! database (one module per method family), [`placement`] finds units, and the reconciler drives reservations in time.
+//! database (one module per method family), [`placement`] finds units, [`place`] decides
+//! on the capacity view and books, and the reconciler drives reservations in time.
 //!
 //! # How a reservation changes
 //!
@@ -25,9 +26,13 @@
 //!   reservations of the nodes it books under a share lock before it writes
 //!   ([`placement::Snapshot::rights_still_allow`]); a reclaim locks them for update, so one
 //!   of the two waits for the other and sees its result.
-//! - **Locks are taken in one order**: pool, reservation, node reservations, bookings,
-//!   quota. A create books before it charges, so it never holds quota while waiting for a
-//!   node reservation that a reclaim holds while it refunds.
+//! - **Decisions are made outside the write**: a placement decides on the capacity view
+//!   with nothing locked, then books in a short transaction that checks again what the
+//!   view may not have seen ([`place`]).
+//! - **Locks are taken in one order**: pool (pool-lease pools only), reservation, nodes
+//!   (by id), node reservations, bookings, quota. A create books before it charges, so it
+//!   never holds quota while waiting for a node reservation that a reclaim holds while it
+//!   refunds.
 
 pub mod binding;
 pub mod create;
@@ -36,6 +41,7 @@ pub mod extend;
 pub mod gang;
 pub mod lifecycle;
 pub mod list;
+pub mod place;
 pub mod placement;
 pub mod preempt;
 pub mod store;

@@ -1,23 +1,26 @@
 //! The capacity view: what each node offers and what holds it, in memory, per replica.
 //!
 //! A decision (placement, preemption, a gang, a pending retry) reads its pool's nodes from
-//! here instead of the database: each node's inventory (units with class, model, memory,
-//! NVLink domain, labels; host resources; lost or not), every active booking of its units
-//! (with spot or not and the reservation), its active host bookings, and the node
-//! reservations that claim its units.
+//! here instead of the database: each pool's member list, and each node's inventory (units
+//! with class, model, memory, NVLink domain, labels; host resources; lost or not), every
+//! active booking of its units (with spot or not and the reservation), its active host
+//! bookings, and the node reservations that claim its units. A pool's nodes are assembled
+//! into one shared list once and patched where a node changes ([`View::pool`]), so reading
+//! an unchanged pool costs nothing per node.
 //!
 //! # How it stays current
 //!
-//! Triggers in the database record every change to those rows by node (migration
-//! `0011_capacity_changes`), in the writing transaction, so a change that rolls back is
+//! Triggers in the database record every change to those rows by node, and every change
+//! of a pool's member list by pool (migrations `0011_capacity_changes` and
+//! `0012_reservation_position`), in the writing transaction, so a change that rolls back is
 //! never announced:
 //!
-//! - On **SQLite** (one process, one writer) they append the node's id to
+//! - On **SQLite** (one process, one writer) they append the node's id (or the pool's) to
 //!   `capacity_changes`; before each read the view takes the rows past its cursor, in
-//!   commit order, and loads those nodes again.
-//! - On **PostgreSQL** they `NOTIFY orl_capacity` with the node's id, delivered at commit
-//!   to every replica's listener (this one's own commits included), which marks the node
-//!   stale; the next read loads it again. While the listener is down (at start, after a
+//!   commit order, and loads those nodes (or member lists) again.
+//! - On **PostgreSQL** they `NOTIFY orl_capacity` with the node's id (`orl_pools` with the
+//!   pool's), delivered at commit to every replica's listener (this one's own commits
+//!   included), which marks the node stale; the next read loads it again. While the listener is down (at start, after a
 //!   dropped connection) every node is treated as stale, so a missed notification can never
 //!   leave the view behind for good.
 //!
@@ -40,13 +43,16 @@ use crate::inventory::nodes::{self, Node};
 use crate::node_reservations::queries::{self, Record};
 use crate::store::{Backend, Store, flag, placeholders};
 
-/// The channel PostgreSQL announces capacity changes on.
+/// The channel PostgreSQL announces capacity changes on, by node.
 const CHANNEL: &str = "orl_capacity";
+/// The channel PostgreSQL announces changes of pools' member lists on, by pool.
+const POOLS_CHANNEL: &str = "orl_pools";
 
 /// How many nodes one load asks the database for at once (bind parameters per query).
 const LOAD_BATCH: usize = 500;
 
-/// One node as the view holds it.
+/// One node as the view holds it, with the positions a decision looks things up by
+/// worked out once, when it is loaded.
 #[derive(Debug, Clone)]
 pub struct NodeCapacity {
     pub node: Arc<Node>,
@@ -56,9 +62,135 @@ pub struct NodeCapacity {
     pub host: Vec<HostBooked>,
     /// Node reservations on it that are not cancelled.
     pub claims: Vec<Record>,
+    /// Each booking of a unit the node still reports, as a decision reads it.
+    spans: Vec<Span>,
+    /// Each unit as a decision reads it, in the order of `node.units`.
+    slots: Vec<Slot>,
+    /// The positions in `node.units` of the units each claim holds.
+    claim_units: Vec<Vec<usize>>,
+    /// The node's distinct unit models, in order of first appearance.
+    models: Vec<String>,
+    /// How many whole GPUs the node has.
+    gpus: i64,
+    /// Marked lost and not reported since: it takes no placements.
+    lost: bool,
 }
 
 impl NodeCapacity {
+    pub fn new(
+        node: Arc<Node>,
+        bookings: Vec<Booked>,
+        host: Vec<HostBooked>,
+        claims: Vec<Record>,
+    ) -> NodeCapacity {
+        let position: HashMap<&str, usize, foldhash::fast::FixedState> = node
+            .units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (u.id.as_str(), i))
+            .collect();
+        let spans = bookings
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| {
+                Some(Span {
+                    unit: *position.get(b.unit_id.as_str())? as u32,
+                    booking: i as u32,
+                    reservation: reservation_hash(&b.reservation_id),
+                    start_ms: b.start_ms,
+                    end_ms: b.end_ms,
+                })
+            })
+            .collect();
+        let claim_units = claims
+            .iter()
+            .map(|c| {
+                c.unit_ids
+                    .iter()
+                    .filter_map(|id| position.get(id.as_str()).copied())
+                    .collect()
+            })
+            .collect();
+        let mut domains: Vec<&str> = Vec::new();
+        let mut models: Vec<String> = Vec::new();
+        let slots = node
+            .units
+            .iter()
+            .map(|u| Slot {
+                sellable: u.sellable,
+                class: u.device_class,
+                model: match models.iter().position(|m| *m == u.model) {
+                    Some(i) => i as u32,
+                    None => {
+                        models.push(u.model.clone());
+                        (models.len() - 1) as u32
+                    }
+                },
+                domain: u.nvlink_domain.as_deref().map(|d| {
+                    match domains.iter().position(|n| *n == d) {
+                        Some(i) => i as u32,
+                        None => {
+                            domains.push(d);
+                            (domains.len() - 1) as u32
+                        }
+                    }
+                }),
+                memory_gib: u.memory_gib.clamp(0, i64::from(u32::MAX)) as u32,
+            })
+            .collect();
+        let gpus = node
+            .units
+            .iter()
+            .filter(|u| u.device_class == crate::inventory::DeviceClass::Gpu)
+            .count() as i64;
+        drop(position);
+        NodeCapacity {
+            bookings,
+            host,
+            claims,
+            spans,
+            slots,
+            claim_units,
+            models,
+            gpus,
+            lost: node.is_lost(),
+            node,
+        }
+    }
+
+    /// Marked lost and not reported since: it takes no placements.
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+
+    /// The node's distinct unit models, in order of first appearance.
+    pub fn models(&self) -> &[String] {
+        &self.models
+    }
+
+    /// Each booking of a unit the node still reports, as a decision reads it.
+    pub fn spans(&self) -> &[Span] {
+        &self.spans
+    }
+
+    /// Each unit as a decision reads it, in the order of `node.units`.
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Each claim with the positions of the units it holds.
+    pub fn claims_by_unit(&self) -> impl Iterator<Item = (&Record, &[usize])> {
+        self.claims
+            .iter()
+            .zip(&self.claim_units)
+            .map(|(c, u)| (c, u.as_slice()))
+    }
+
+    /// How many whole GPUs the node has.
+    pub fn gpus(&self) -> i64 {
+        self.gpus
+    }
+
     /// Whether `other` offers and holds the same: everything but the node's report times,
     /// which change without changing capacity.
     fn same_capacity(&self, other: &NodeCapacity) -> bool {
@@ -72,24 +204,53 @@ impl NodeCapacity {
             && self.host == other.host
             && self.claims == other.claims
     }
-}
 
-impl NodeCapacity {
     /// How many sellable units no active booking holds at any time in `[start, end)`: an
     /// upper bound of what a request over that window could get here.
     pub fn free_units(&self, start: i64, end: i64) -> usize {
+        let mut busy = vec![false; self.node.units.len()];
+        for b in &self.spans {
+            busy[b.unit as usize] |= b.start_ms < end && b.end_ms > start;
+        }
         self.node
             .units
             .iter()
-            .filter(|u| u.sellable)
-            .filter(|u| {
-                !self
-                    .bookings
-                    .iter()
-                    .any(|b| b.unit_id == u.id && b.start_ms < end && b.end_ms > start)
-            })
+            .zip(busy)
+            .filter(|(u, busy)| u.sellable && !busy)
             .count()
     }
+}
+
+/// What a decision reads of one unit, packed so that a pass over a pool's units stays in
+/// cache.
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    pub sellable: bool,
+    pub class: crate::inventory::DeviceClass,
+    /// The unit's model, as an index into [`NodeCapacity::models`].
+    pub model: u32,
+    /// The unit's NVLink domain, numbered within the node in order of first appearance.
+    pub domain: Option<u32>,
+    pub memory_gib: u32,
+}
+
+/// One booking of a unit, as a decision reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    /// The unit's position in `node.units`.
+    pub unit: u32,
+    /// The booking's position in [`NodeCapacity::bookings`].
+    pub booking: u32,
+    /// [`reservation_hash`] of the booking's reservation.
+    pub reservation: u64,
+    pub start_ms: i64,
+    pub end_ms: i64,
+}
+
+/// A hash of a reservation id, compared before the id itself.
+pub fn reservation_hash(id: &str) -> u64 {
+    use std::hash::BuildHasher as _;
+    foldhash::fast::FixedState::with_seed(0).hash_one(id)
 }
 
 /// An active booking of one unit.
@@ -114,7 +275,7 @@ pub struct HostBooked {
     pub end_ms: i64,
 }
 
-/// Which nodes changed since the view last looked.
+/// Which nodes and pools changed since the view last looked.
 enum Feed {
     /// SQLite: the `capacity_changes` rows past `cursor`.
     Table { cursor: Option<i64> },
@@ -124,21 +285,92 @@ enum Feed {
 
 #[derive(Default)]
 struct Heard {
-    /// Whether the listener is connected; until it is, every node is stale.
+    /// Whether the listener is connected; until it is, everything is stale.
     listening: bool,
     /// Set when the listener (re)connects: everything loaded before may have missed news.
     reset: bool,
+    changes: Changes,
+}
+
+/// What changed: nodes' capacity, and pools' member lists.
+#[derive(Default)]
+struct Changes {
     nodes: HashSet<String>,
+    pools: HashSet<String>,
+}
+
+/// The nodes of one pool, in the order of its member list (by node id).
+struct PoolNodes {
+    ids: Vec<String>,
+    /// The member nodes that exist, in the order of `ids`; shared with the decisions
+    /// reading them, and copied only when a node changes while one still holds it.
+    nodes: Arc<Vec<Arc<NodeCapacity>>>,
+    /// Each member's position in `nodes`.
+    positions: HashMap<String, usize, foldhash::fast::RandomState>,
+    /// Members that changed since `nodes` was assembled.
+    stale: HashSet<String>,
 }
 
 struct State {
     nodes: HashMap<String, Arc<NodeCapacity>, foldhash::fast::RandomState>,
+    pools: HashMap<String, PoolNodes, foldhash::fast::RandomState>,
+    /// Bookings decisions assumed and have not written yet, by node: laid over what the
+    /// database holds whenever the node is loaded.
+    assumed: HashMap<String, Vec<OnNode>, foldhash::fast::RandomState>,
     feed: Feed,
+}
+
+/// Bookings a decision is about to write ([`View::assume`]).
+pub struct Assumption<'a> {
+    pub reservation_id: &'a str,
+    pub spot: bool,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    /// Each node with the units booked there.
+    pub members: &'a [(&'a str, &'a [String])],
+    /// The host resources booked on each node: vCPU, memory GiB, 1 GiB hugepages.
+    pub host: (i64, i64, i64),
+}
+
+/// Assumed bookings held in the view; dropping it ends them and forgets their nodes, so
+/// the next read loads what the database holds (the written bookings, or nothing after a
+/// rollback).
+pub struct Assumed {
+    reservation_id: String,
+    nodes: Vec<String>,
+    done: Arc<SyncMutex<Vec<Ended>>>,
+}
+
+/// Assumptions that ended: the reservation and its nodes.
+type Ended = (String, Vec<String>);
+
+impl Drop for Assumed {
+    fn drop(&mut self) {
+        let ended = (
+            std::mem::take(&mut self.reservation_id),
+            std::mem::take(&mut self.nodes),
+        );
+        self.done
+            .lock()
+            .expect("capacity view assumptions")
+            .push(ended);
+    }
+}
+
+/// What one decision assumed on one node.
+#[derive(Clone, Debug)]
+struct OnNode {
+    bookings: Vec<Booked>,
+    host: HostBooked,
 }
 
 /// The capacity view of this replica.
 pub struct View {
     state: tokio::sync::Mutex<State>,
+    /// Assumptions that ended, taken out of the view at its next read.
+    done: Arc<SyncMutex<Vec<Ended>>>,
+    /// One turn at a time per pool for decisions that assume ([`View::turn`]).
+    turns: SyncMutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Its own connections: a decision reads the view while its transaction holds one of
     /// the store's.
     reader: AnyPool,
@@ -159,8 +391,12 @@ impl View {
         View {
             state: tokio::sync::Mutex::new(State {
                 nodes: HashMap::default(),
+                pools: HashMap::default(),
+                assumed: HashMap::default(),
                 feed,
             }),
+            done: Arc::default(),
+            turns: SyncMutex::default(),
             reader: store.reader(2),
         }
     }
@@ -175,43 +411,154 @@ impl View {
         let mut conn = self.reader.acquire().await?;
         let conn = &mut *conn;
         let mut state = self.state.lock().await;
-        match state.take_changes(conn).await? {
-            Some(changed) => {
-                for id in changed {
-                    state.nodes.remove(&id);
-                }
-            }
-            None => state.nodes.clear(),
-        }
-        let mut out: Vec<Option<Arc<NodeCapacity>>> =
-            ids.iter().map(|id| state.nodes.get(id).cloned()).collect();
-        let missing: Vec<String> = ids
+        state.catch_up(conn, &self.done).await?;
+        state.load_missing(conn, ids).await?;
+        Ok(ids
             .iter()
-            .zip(&out)
-            .filter(|(_, held)| held.is_none())
-            .map(|(id, _)| id.clone())
-            .collect();
-        if !missing.is_empty() {
-            for node in load(conn, &missing).await? {
-                state.nodes.insert(node.node.id.clone(), Arc::new(node));
-            }
-            for (id, held) in ids.iter().zip(out.iter_mut()) {
-                if held.is_none() {
-                    *held = state.nodes.get(id).cloned();
+            .filter_map(|id| state.nodes.get(id).cloned())
+            .collect())
+    }
+
+    /// The member nodes of pool `pool_id` that exist, in the order of its member list
+    /// (by node id), current as of the changes announced so far. The list is assembled
+    /// once and then patched where nodes change, so a read of an unchanged pool costs the
+    /// same at 20,000 nodes as at 500.
+    pub async fn pool(&self, pool_id: &str) -> Result<Arc<Vec<Arc<NodeCapacity>>>> {
+        let mut conn = self.reader.acquire().await?;
+        let conn = &mut *conn;
+        let mut state = self.state.lock().await;
+        state.catch_up(conn, &self.done).await?;
+        if !state.pools.contains_key(pool_id) {
+            let ids: Vec<String> = sqlx::query_scalar(
+                "SELECT node_id FROM pool_nodes WHERE pool_id = $1 ORDER BY node_id",
+            )
+            .bind(pool_id)
+            .fetch_all(&mut *conn)
+            .await?;
+            state.pools.insert(
+                pool_id.to_string(),
+                PoolNodes {
+                    stale: ids.iter().cloned().collect(),
+                    ids,
+                    nodes: Arc::default(),
+                    positions: HashMap::default(),
+                },
+            );
+        }
+        let stale: Vec<String> = state.pools[pool_id].stale.iter().cloned().collect();
+        if !stale.is_empty() {
+            state.load_missing(conn, &stale).await?;
+            let State { nodes, pools, .. } = &mut *state;
+            let pool = pools.get_mut(pool_id).expect("assembled above");
+            let patchable = pool.positions.len() == pool.ids.len()
+                && stale.iter().all(|id| nodes.contains_key(id));
+            if patchable && !pool.positions.is_empty() {
+                let held = Arc::make_mut(&mut pool.nodes);
+                for id in &stale {
+                    held[pool.positions[id]] = nodes[id].clone();
                 }
+            } else {
+                // First assembly, or a member that no longer exists: assemble it whole.
+                let held: Vec<Arc<NodeCapacity>> = pool
+                    .ids
+                    .iter()
+                    .filter_map(|id| nodes.get(id).cloned())
+                    .collect();
+                pool.positions = held
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.node.id.clone(), i))
+                    .collect();
+                pool.nodes = Arc::new(held);
+            }
+            pool.stale.clear();
+        }
+        Ok(state.pools[pool_id].nodes.clone())
+    }
+
+    /// Waits for pool `pool_id`'s turn to decide and assume: decisions of one pool on this
+    /// replica take turns, so each sees what the one before it assumed and none decides on
+    /// units another has just taken. Only the decision holds the turn, never a write.
+    pub async fn turn(&self, pool_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = self
+            .turns
+            .lock()
+            .expect("capacity view turns")
+            .entry(pool_id.to_string())
+            .or_default()
+            .clone();
+        turn.lock_owned().await
+    }
+
+    /// Holds `assumption` in the view before its write commits, so that decisions made
+    /// meanwhile place around it. `None` when a booking the view holds (committed, or
+    /// assumed by another decision) already takes one of its units over its window: the
+    /// decision was made on a view that has changed since, and should be made again.
+    ///
+    /// The assumed bookings last until the nodes are next loaded: when the returned guard
+    /// is dropped (after the write committed or rolled back) they are forgotten, and the
+    /// next read takes what the database holds.
+    pub async fn assume(&self, assumption: Assumption<'_>) -> Option<Assumed> {
+        let mut state = self.state.lock().await;
+        for (node_id, unit_ids) in assumption.members {
+            let taken = state.nodes.get(*node_id).is_some_and(|held| {
+                held.bookings.iter().any(|b| {
+                    b.start_ms < assumption.end_ms
+                        && b.end_ms > assumption.start_ms
+                        && b.reservation_id != assumption.reservation_id
+                        && unit_ids.contains(&b.unit_id)
+                })
+            });
+            if taken {
+                return None;
             }
         }
-        Ok(out.into_iter().flatten().collect())
+        let mut nodes = Vec::with_capacity(assumption.members.len());
+        for (node_id, unit_ids) in assumption.members {
+            let held = OnNode {
+                bookings: unit_ids
+                    .iter()
+                    .map(|unit_id| Booked {
+                        unit_id: unit_id.clone(),
+                        reservation_id: assumption.reservation_id.to_string(),
+                        spot: assumption.spot,
+                        start_ms: assumption.start_ms,
+                        end_ms: assumption.end_ms,
+                    })
+                    .collect(),
+                host: HostBooked {
+                    reservation_id: assumption.reservation_id.to_string(),
+                    spot: assumption.spot,
+                    vcpu: assumption.host.0,
+                    memory_gib: assumption.host.1,
+                    hugepages_1gi: assumption.host.2,
+                    start_ms: assumption.start_ms,
+                    end_ms: assumption.end_ms,
+                },
+            };
+            state
+                .assumed
+                .entry(node_id.to_string())
+                .or_default()
+                .push(held);
+            if let Some(current) = state.nodes.get(*node_id).cloned() {
+                let patched = state.with_assumed(&current);
+                state.replace(Arc::new(patched));
+            }
+            nodes.push(node_id.to_string());
+        }
+        Some(Assumed {
+            reservation_id: assumption.reservation_id.to_string(),
+            nodes,
+            done: self.done.clone(),
+        })
     }
 
     /// Forgets `ids`: the next read loads them from the database. For nodes this replica
     /// just changed (so its next decision need not wait for the announcement), and after a
     /// decision lost to a commit the view had not heard of.
     pub async fn forget(&self, ids: &[String]) {
-        let mut state = self.state.lock().await;
-        for id in ids {
-            state.nodes.remove(id);
-        }
+        self.state.lock().await.mark_nodes(ids.iter().cloned());
     }
 
     /// Compares the view with the database for `ids`: the ids of nodes whose loaded state
@@ -251,9 +598,103 @@ impl View {
 }
 
 impl State {
-    /// The nodes changed since the last call; `None` when every node must be treated as
-    /// changed.
-    async fn take_changes(&mut self, conn: &mut AnyConnection) -> Result<Option<HashSet<String>>> {
+    /// Takes in what changed since the last look: changed nodes are dropped (and marked
+    /// stale in the pools holding them), pools whose member list changed are dropped.
+    async fn catch_up(
+        &mut self,
+        conn: &mut AnyConnection,
+        done: &SyncMutex<Vec<Ended>>,
+    ) -> Result<()> {
+        let ended = std::mem::take(&mut *done.lock().expect("capacity view assumptions"));
+        for (reservation_id, nodes) in ended {
+            for node in &nodes {
+                if let Some(held) = self.assumed.get_mut(node) {
+                    held.retain(|a| a.host.reservation_id != reservation_id);
+                    if held.is_empty() {
+                        self.assumed.remove(node);
+                    }
+                }
+            }
+            self.mark_nodes(nodes.into_iter());
+        }
+        match self.take_changes(conn).await? {
+            Some(changes) => {
+                for pool in &changes.pools {
+                    self.pools.remove(pool);
+                }
+                self.mark_nodes(changes.nodes.into_iter());
+            }
+            None => {
+                self.nodes.clear();
+                self.pools.clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts `node` in place of the one held under its id, in the pools holding it too.
+    fn replace(&mut self, node: Arc<NodeCapacity>) {
+        for pool in self.pools.values_mut() {
+            if let Some(&i) = pool.positions.get(&node.node.id)
+                && !pool.stale.contains(&node.node.id)
+            {
+                Arc::make_mut(&mut pool.nodes)[i] = node.clone();
+            }
+        }
+        self.nodes.insert(node.node.id.clone(), node);
+    }
+
+    /// Drops `ids` so the next read loads them again.
+    fn mark_nodes(&mut self, ids: impl Iterator<Item = String>) {
+        for id in ids {
+            if self.nodes.remove(&id).is_some() {
+                for pool in self.pools.values_mut() {
+                    if pool.positions.contains_key(&id) {
+                        pool.stale.insert(id.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads those of `ids` the view does not hold.
+    async fn load_missing(&mut self, conn: &mut AnyConnection, ids: &[String]) -> Result<()> {
+        let missing: Vec<String> = ids
+            .iter()
+            .filter(|id| !self.nodes.contains_key(*id))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            for node in load(conn, &missing).await? {
+                let node = match self.assumed.contains_key(&node.node.id) {
+                    true => self.with_assumed(&node),
+                    false => node,
+                };
+                self.nodes.insert(node.node.id.clone(), Arc::new(node));
+            }
+        }
+        Ok(())
+    }
+
+    /// `held` with the bookings decisions assumed on it laid over.
+    fn with_assumed(&self, held: &NodeCapacity) -> NodeCapacity {
+        let mut bookings = held.bookings.clone();
+        let mut host = held.host.clone();
+        for assumed in self.assumed.get(&held.node.id).into_iter().flatten() {
+            let mine = |id: &str| id == assumed.host.reservation_id;
+            // Once written, the bookings are in what the database holds.
+            if !bookings.iter().any(|b| mine(&b.reservation_id)) {
+                bookings.extend(assumed.bookings.iter().cloned());
+            }
+            if !host.iter().any(|h| mine(&h.reservation_id)) {
+                host.push(assumed.host.clone());
+            }
+        }
+        NodeCapacity::new(held.node.clone(), bookings, host, held.claims.clone())
+    }
+
+    /// What changed since the last call; `None` when everything must be treated as changed.
+    async fn take_changes(&mut self, conn: &mut AnyConnection) -> Result<Option<Changes>> {
         match &mut self.feed {
             Feed::Table { cursor: None } => {
                 // The first look: nothing is loaded yet, so nothing is stale; what commits
@@ -263,31 +704,34 @@ impl State {
                         .fetch_one(&mut *conn)
                         .await?;
                 self.feed = Feed::Table { cursor: Some(last) };
-                Ok(Some(HashSet::new()))
+                Ok(Some(Changes::default()))
             }
             Feed::Table {
                 cursor: Some(cursor),
             } => {
                 let rows = sqlx::query(
-                    "SELECT seq, node_id FROM capacity_changes WHERE seq > $1 ORDER BY seq",
+                    "SELECT seq, node_id, pool_id FROM capacity_changes WHERE seq > $1 ORDER BY seq",
                 )
                 .bind(*cursor)
                 .fetch_all(&mut *conn)
                 .await?;
-                let mut changed = HashSet::new();
+                let mut changes = Changes::default();
                 for row in &rows {
                     *cursor = row.get("seq");
-                    changed.insert(row.get::<String, _>("node_id"));
+                    match row.get::<Option<String>, _>("pool_id") {
+                        Some(pool) => changes.pools.insert(pool),
+                        None => changes.nodes.insert(row.get("node_id")),
+                    };
                 }
-                Ok(Some(changed))
+                Ok(Some(changes))
             }
             Feed::Notify(heard) => {
                 let mut heard = heard.lock().expect("capacity listener state");
                 if !heard.listening || std::mem::take(&mut heard.reset) {
-                    heard.nodes.clear();
+                    heard.changes = Changes::default();
                     return Ok(None);
                 }
-                Ok(Some(std::mem::take(&mut heard.nodes)))
+                Ok(Some(std::mem::take(&mut heard.changes)))
             }
         }
     }
@@ -366,11 +810,11 @@ async fn load_batch(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<Node
     Ok(nodes::find_many(conn, ids)
         .await?
         .into_iter()
-        .map(|node| NodeCapacity {
-            bookings: bookings.remove(&node.id).unwrap_or_default(),
-            host: host.remove(&node.id).unwrap_or_default(),
-            claims: claims.remove(&node.id).unwrap_or_default(),
-            node: Arc::new(node),
+        .map(|node| {
+            let bookings = bookings.remove(&node.id).unwrap_or_default();
+            let host = host.remove(&node.id).unwrap_or_default();
+            let claims = claims.remove(&node.id).unwrap_or_default();
+            NodeCapacity::new(Arc::new(node), bookings, host, claims)
         })
         .collect())
 }
@@ -380,7 +824,7 @@ async fn listen(url: String, heard: Arc<SyncMutex<Heard>>) {
     loop {
         match sqlx::postgres::PgListener::connect(&url).await {
             Ok(mut listener) => {
-                if let Err(err) = listener.listen(CHANNEL).await {
+                if let Err(err) = listener.listen_all([CHANNEL, POOLS_CHANNEL]).await {
                     tracing::warn!(error = %err, "capacity view: cannot LISTEN; retrying");
                 } else {
                     {
@@ -392,7 +836,12 @@ async fn listen(url: String, heard: Arc<SyncMutex<Heard>>) {
                         match listener.try_recv().await {
                             Ok(Some(note)) => {
                                 let mut h = heard.lock().expect("capacity listener state");
-                                h.nodes.insert(note.payload().to_string());
+                                let id = note.payload().to_string();
+                                if note.channel() == POOLS_CHANNEL {
+                                    h.changes.pools.insert(id);
+                                } else {
+                                    h.changes.nodes.insert(id);
+                                }
                             }
                             Ok(None) => {
                                 // The connection dropped; notifications may be lost.

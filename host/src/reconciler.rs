@@ -13,8 +13,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::booking::binding;
-use crate::booking::engine;
 use crate::booking::lifecycle::{audit_move, terminate};
+use crate::booking::place;
 use crate::booking::store::{self, Reservation};
 use crate::booking::{Binding, State};
 use crate::iam::confirmations::CONFIRMATION_WINDOW_MS;
@@ -191,7 +191,7 @@ pub async fn wake_pool(app: &App, pool_id: &str, freed: &[String]) -> Result<()>
 /// Retries one pending reservation. A failure (a failing placement plugin, say) is that
 /// reservation's alone: it is logged and the reservation waits for its next attempt.
 async fn retry(app: &App, id: &str) {
-    if let Err(err) = engine::retry(app, id).await {
+    if let Err(err) = place::retry(app, id).await {
         tracing::warn!(reservation = %id, error = %err, "placement retry failed");
     }
 }

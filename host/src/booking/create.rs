@@ -4,9 +4,8 @@
 use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
-use super::engine::{
-    CREATE, attributes, bookable_pool, emit, emit_placement, lock_pool, not_found, try_place,
-};
+use super::engine::{CREATE, attributes, bookable_pool, emit, emit_placement, not_found};
+use super::place;
 use super::store::{self, ComputeReservation, Reservation};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -32,8 +31,7 @@ fn check_against_pool(
 ) -> Result<()> {
     for (i, device) in request.devices.iter().enumerate() {
         let offered = snapshot
-            .nodes
-            .iter()
+            .nodes()
             .flat_map(|n| &n.units)
             .any(|u| u.device_class == device.class);
         if !offered {
@@ -115,9 +113,12 @@ struct Context {
     policy: Option<String>,
 }
 
-async fn read_context(app: &App, id: &str, request: &CreateRequest) -> Result<Context> {
+async fn read_context(
+    app: &App,
+    existing: Option<Reservation>,
+    request: &CreateRequest,
+) -> Result<Context> {
     let mut conn = app.store.pool().acquire().await?;
-    let existing = store::find(&mut conn, id, "").await?;
     let confirmation = match &existing {
         Some(r) if r.state == State::AwaitingConfirmation => {
             Some(confirmation_state(&mut conn, r).await?)
@@ -125,8 +126,9 @@ async fn read_context(app: &App, id: &str, request: &CreateRequest) -> Result<Co
         _ => None,
     };
     let (pool, offer) = bookable_pool(&mut conn, &request.pool_id, &request.tenant_id).await?;
-    let snapshot = Snapshot::inventory(app, &pool.node_ids).await?;
     let policy = policy::find(&mut conn, &request.tenant_id).await?;
+    drop(conn);
+    let snapshot = Snapshot::inventory(app, &pool.id).await?;
     Ok(Context {
         existing,
         confirmation,
@@ -172,7 +174,7 @@ async fn decide_and_place(
         offer,
         snapshot,
         policy: policy_text,
-    } = read_context(app, id, &request).await?;
+    } = read_context(app, replay, &request).await?;
     if let Some(existing) = &existing
         && existing.state == State::AwaitingConfirmation
     {
@@ -190,37 +192,12 @@ async fn decide_and_place(
     }
     check_against_pool(&request, binding, &pool, &snapshot)?;
     let share = snapshot.per_gpu_share(&pool.policy);
-    let mut draft = match existing {
-        Some(existing) => existing,
-        None => {
-            let draft = new_draft(caller, id, &request, binding, share, now)?;
-            let mut tx = app.store.begin().await?;
-            match store::insert(&mut tx, &draft).await {
-                Ok(()) => {
-                    let entry = Entry {
-                        org_id: &draft.tenant_id,
-                        action: "compute-reservation.draft",
-                        object_type: "compute-reservation",
-                        object_id: id,
-                        reason: None,
-                        details: Some(json!({ "request": draft.request })),
-                    };
-                    audit::record(&mut tx, caller, entry, now).await?;
-                    tx.commit().await?;
-                }
-                Err(err) if crate::store::is_unique_violation(&err) => {
-                    // A concurrent create with the same key won: answer as a replay.
-                    tx.rollback().await?;
-                    return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
-                }
-                Err(err) => return Err(err.into()),
-            }
-            draft
-        }
+    let (mut draft, stored) = match existing {
+        Some(existing) => (existing, true),
+        None => (new_draft(caller, id, &request, binding, share, now)?, false),
     };
     let region = snapshot
-        .nodes
-        .iter()
+        .nodes()
         .find_map(|n| n.region.clone())
         .unwrap_or_default();
     let attrs = attributes(&request, &draft, &region);
@@ -234,12 +211,18 @@ async fn decide_and_place(
         )? {
             Decision::Allow => {}
             Decision::Deny => {
+                if !stored && !store_draft(app, caller, &draft).await? {
+                    return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
+                }
                 finish_draft(app, caller, &mut draft, "access-denied").await?;
                 return Err(Error::AccessDenied(format!(
                     "IAM refused {CREATE} on this request"
                 )));
             }
             Decision::NeedsConfirmation => {
+                if !stored && !store_draft(app, caller, &draft).await? {
+                    return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
+                }
                 let attrs_json = serde_json::to_value(&attrs).expect("attributes serialize");
                 let mut tx = app.store.begin().await?;
                 let confirmation =
@@ -264,7 +247,64 @@ async fn decide_and_place(
     // Quota: the devices, and host resources above the pool's per-GPU share.
     let (_, excess) = host_resources(request.gpu_count(), share, request.resources);
     let charge = quota_charge(&request, excess);
-    charge_and_place(app, caller, &pool, offer.as_ref(), draft, charge).await
+    let placing = Placing {
+        caller,
+        pool: &pool,
+        offer: offer.as_ref(),
+        stored,
+    };
+    match charge_and_place(app, placing, draft.clone(), charge).await {
+        Ok(Some(r)) => Ok(r),
+        // A concurrent create with the same key stored it first: answer as a replay.
+        Ok(None) => Box::pin(decide_and_place(app, caller, id, request, binding)).await,
+        Err(err) => {
+            // The draft stays (QUOTA_EXCEEDED, SPEND_LIMIT_REACHED, a failed policy), so the
+            // same key can be retried.
+            if !stored {
+                store_draft(app, caller, &draft).await?;
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Stores a new draft, audited; `false` when a concurrent create with the same key stored
+/// it first.
+async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Result<bool> {
+    let mut tx = app.store.begin().await?;
+    if !insert_draft(&mut tx, caller, draft).await? {
+        return Ok(false);
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Inserts a new draft with its audit entry; `false` (nothing written) when the id exists.
+async fn insert_draft(
+    conn: &mut AnyConnection,
+    caller: &Principal,
+    draft: &Reservation,
+) -> Result<bool> {
+    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+    match store::insert(&mut savepoint, draft).await {
+        Ok(()) => {}
+        Err(err) if crate::store::is_unique_violation(&err) => {
+            savepoint.rollback().await?;
+            return Ok(false);
+        }
+        Err(err) => return Err(err.into()),
+    }
+    let entry = Entry {
+        org_id: &draft.tenant_id,
+        action: "compute-reservation.draft",
+        object_type: "compute-reservation",
+        object_id: &draft.id,
+        reason: None,
+        details: Some(json!({ "request": draft.request })),
+    };
+    audit::record(&mut savepoint, caller, entry, draft.created_at).await?;
+    savepoint.commit().await?;
+    Ok(true)
 }
 
 fn confirmation_required(r: &Reservation) -> Error {
@@ -366,23 +406,29 @@ async fn finish_draft(
     Ok(())
 }
 
-/// The spend-guard: when the pool or the offer asks for a budget check, the pool's
-/// spend-guard policy (a WebAssembly component; the built-in one refuses what the remaining
-/// budget cannot cover) decides on the charge against what the tenant has spent and has
-/// booked in the pool.
-pub(super) async fn check_budget(
+/// What the spend-guard decides on: the charge, and the tenant's budget with what it has
+/// spent and has booked in the pool.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Spending {
+    charge: orl_spend_guard_default::Charge,
+    budget: orl_spend_guard_default::Budget,
+}
+
+/// What the spend-guard decides on for `r`, read on `conn`; `None` when neither the pool
+/// nor the offer asks for a budget check.
+pub(super) async fn spending(
     app: &App,
     conn: &mut AnyConnection,
     pool: &Pool,
     offer: Option<&Offer>,
     r: &Reservation,
-) -> Result<()> {
-    let Some(offer) = offer else { return Ok(()) };
+) -> Result<Option<Spending>> {
+    let Some(offer) = offer else { return Ok(None) };
     if !(pool.policy.budget_check || offer.budget.is_some()) {
-        return Ok(());
+        return Ok(None);
     }
     let (Some(limit), Some(price)) = (offer.budget, offer.price_per_gpu_hour) else {
-        return Ok(());
+        return Ok(None);
     };
     let now = app.now_ms();
     let row = sqlx::query(
@@ -400,25 +446,38 @@ pub(super) async fn check_budget(
     .await?;
     let elapsed: i64 = row.get::<Option<i64>, _>("elapsed").unwrap_or(0);
     let booked: i64 = row.get::<Option<i64>, _>("booked").unwrap_or(0);
-    let charge = orl_spend_guard_default::Charge {
-        amount_minor: cost_minor(r.request.total_gpu_count(), r.end_ms - r.start_ms, price),
-        gpu_count: r.request.total_gpu_count().clamp(0, i64::from(u32::MAX)) as u32,
-        duration_seconds: ((r.end_ms - r.start_ms) / 1000).max(0) as u64,
-        price_per_gpu_hour_minor: price,
-    };
-    let budget = orl_spend_guard_default::Budget {
-        limit_minor: limit,
-        spent_minor: cost_minor(1, elapsed, price),
-        committed_minor: cost_minor(1, booked - elapsed, price),
-    };
+    Ok(Some(Spending {
+        charge: orl_spend_guard_default::Charge {
+            amount_minor: cost_minor(r.request.total_gpu_count(), r.end_ms - r.start_ms, price),
+            gpu_count: r.request.total_gpu_count().clamp(0, i64::from(u32::MAX)) as u32,
+            duration_seconds: ((r.end_ms - r.start_ms) / 1000).max(0) as u64,
+            price_per_gpu_hour_minor: price,
+        },
+        budget: orl_spend_guard_default::Budget {
+            limit_minor: limit,
+            spent_minor: cost_minor(1, elapsed, price),
+            committed_minor: cost_minor(1, booked - elapsed, price),
+        },
+    }))
+}
+
+/// The spend-guard: the pool's spend-guard policy (a WebAssembly component; the built-in
+/// one refuses what the remaining budget cannot cover) decides on `spending`.
+pub(super) async fn judge_spending(
+    app: &App,
+    conn: &mut AnyConnection,
+    pool: &Pool,
+    spending: &Spending,
+) -> Result<()> {
+    let Spending { charge, budget } = spending;
     let guard =
         crate::policy::assignment::resolve(app, conn, &pool.id, crate::policy::World::SpendGuard)
             .await?;
     let outcome = tokio::task::block_in_place(|| {
         app.policy.spend(
             &guard.loaded,
-            &charge,
-            &budget,
+            charge,
+            budget,
             guard.config.as_ref(),
             guard.deadline_ms,
         )
@@ -433,74 +492,148 @@ pub(super) async fn check_budget(
     match outcome {
         Ok(Ok(())) => Ok(()),
         Ok(Err(reason)) => Err(Error::SpendLimitReached(reason.chars().take(500).collect())),
-        Err(_) if guard.fallback => orl_spend_guard_default::decide(&charge, &budget)
+        Err(_) if guard.fallback => orl_spend_guard_default::decide(charge, budget)
             .map_err(|r| Error::SpendLimitReached(r.into_reason())),
         Err(failure) => Err(Error::PolicyFailed(failure)),
     }
 }
 
-/// Places and charges quota, in one transaction: `placed`, or `pending` (`Unschedulable` or
-/// `Queued`). A charge that does not fit is `QUOTA_EXCEEDED` and undoes the placement,
-/// leaving the draft.
-async fn charge_and_place(
+/// The spend-guard's answer for `r`, read and decided on `conn`.
+pub(super) async fn check_budget(
     app: &App,
-    caller: &Principal,
+    conn: &mut AnyConnection,
     pool: &Pool,
     offer: Option<&Offer>,
+    r: &Reservation,
+) -> Result<()> {
+    match spending(app, conn, pool, offer, r).await? {
+        Some(spending) => judge_spending(app, conn, pool, &spending).await,
+        None => Ok(()),
+    }
+}
+
+/// What a create places with, besides the reservation and its charge.
+struct Placing<'a> {
+    caller: &'a Principal,
+    pool: &'a Pool,
+    offer: Option<&'a Offer>,
+    /// Whether the draft is already stored (a retried create, after a confirmation).
+    stored: bool,
+}
+
+/// Places and charges quota, in one short transaction: `placed`, or `pending`
+/// (`Unschedulable` or `Queued`). The spend-guard and the placer decide before it, on what
+/// was read outside it; inside, what they decided on is checked again (the spending read
+/// again, the placement by [`place::try_place`]) and a decision made on stale figures is
+/// made again. A charge that does not fit is `QUOTA_EXCEEDED` and writes nothing.
+/// `None` when a concurrent create with the same key stored its draft first.
+async fn charge_and_place(
+    app: &App,
+    placing: Placing<'_>,
     mut r: Reservation,
     charge: BTreeMap<String, i64>,
-) -> Result<Reservation> {
-    let mut tx = app.store.begin().await?;
-    lock_pool(app, &mut tx, &pool.id).await?;
-    let current = store::find(&mut tx, &r.id, app.store.for_update())
-        .await?
-        .ok_or_else(|| not_found(&r.id))?;
-    if !current.state.is_draft() {
-        return Ok(current);
-    }
-    // Read after the locks: the bookings written below start no earlier than this.
-    let now = app.now_ms();
-    r.version = current.version;
-    check_budget(app, &mut tx, pool, offer, &r).await?;
-    r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
-    // Place first, then charge: the rows every placement locks (node reservations, then
-    // quota) are taken in the order a reclaim takes them, so the two never deadlock.
-    let placed = try_place(app, &mut tx, pool, &mut r, now).await?;
-    let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
-    if let Some(resource) =
-        store::apply_charge(&mut tx, &r.pool_id, &r.tenant_id, &charge, 1, Some(&limits)).await?
-    {
-        tx.rollback().await?;
+) -> Result<Option<Reservation>> {
+    let Placing {
+        caller,
+        pool,
+        offer,
+        stored,
+    } = placing;
+    let spent = {
         let mut conn = app.store.pool().acquire().await?;
-        let used = crate::pools::store::quota_used(&mut conn, &r.pool_id, &r.tenant_id).await?;
-        return Err(Error::QuotaExceeded {
-            message: format!(
-                "the request needs {} {resource} but the quota leaves {}",
-                charge[&resource],
-                limits.get(&resource).copied().unwrap_or(0)
-                    - used.get(&resource).copied().unwrap_or(0)
-            ),
-            details: json!({ "resource": resource, "requested": charge[&resource], "limit": limits.get(&resource).copied().unwrap_or(0), "used": used.get(&resource).copied().unwrap_or(0) }),
-        });
-    }
-    r.charge = Some(charge);
-    r.operate("create", now);
-    if !store::update(&mut tx, &mut r).await? {
-        return Err(super::lifecycle::changed_concurrently(&r));
-    }
-    let entry = Entry {
-        org_id: &r.tenant_id,
-        action: "compute-reservation.create",
-        object_type: "compute-reservation",
-        object_id: &r.id,
-        reason: None,
-        details: Some(json!({ "state": r.state, "charge": r.charge })),
+        let spent = spending(app, &mut conn, pool, offer, &r).await?;
+        if let Some(spent) = &spent {
+            judge_spending(app, &mut conn, pool, spent).await?;
+        }
+        spent
     };
-    audit::record(&mut tx, caller, entry, now).await?;
-    emit_placement(&mut tx, &r, placed, pool).await?;
-    tx.commit().await?;
-    app.capacity.forget(&r.node_ids()).await;
-    Ok(r)
+    let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
+    for attempt in 0..place::PLACE_ATTEMPTS {
+        let (decided, _assumed) = place::decide(app, pool, &r).await?;
+        let mut tx = app.store.begin().await?;
+        if stored {
+            let current = store::find(&mut tx, &r.id, app.store.for_update())
+                .await?
+                .ok_or_else(|| not_found(&r.id))?;
+            if !current.state.is_draft() {
+                return Ok(Some(current));
+            }
+            r.version = current.version;
+            r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
+        } else if !insert_draft(&mut tx, caller, &r).await? {
+            return Ok(None);
+        }
+        if spent.is_some() {
+            let now_spent = spending(app, &mut tx, pool, offer, &r).await?;
+            if now_spent != spent
+                && let Some(now_spent) = &now_spent
+            {
+                judge_spending(app, &mut tx, pool, now_spent).await?;
+            }
+        }
+        // Read after the locks: the bookings written below start no earlier than this.
+        let now = app.now_ms();
+        // Place first, then charge: the rows every placement locks (node reservations, then
+        // quota) are taken in the order a reclaim takes them, so the two never deadlock.
+        let placed =
+            match place::try_place(app, &mut tx, pool, &mut r, decided, attempt, now).await? {
+                place::Outcome::Placed => true,
+                place::Outcome::Pending => false,
+                place::Outcome::Lost(nodes) => {
+                    tx.rollback().await?;
+                    app.capacity.forget(&nodes).await;
+                    continue;
+                }
+            };
+        if let Some(resource) =
+            store::apply_charge(&mut tx, &r.pool_id, &r.tenant_id, &charge, 1, Some(&limits))
+                .await?
+        {
+            tx.rollback().await?;
+            return Err(quota_exceeded(app, &r, &charge, &limits, &resource).await?);
+        }
+        r.charge = Some(charge);
+        r.operate("create", now);
+        if !store::update(&mut tx, &mut r).await? {
+            return Err(super::lifecycle::changed_concurrently(&r));
+        }
+        let entry = Entry {
+            org_id: &r.tenant_id,
+            action: "compute-reservation.create",
+            object_type: "compute-reservation",
+            object_id: &r.id,
+            reason: None,
+            details: Some(json!({ "state": r.state, "charge": r.charge })),
+        };
+        audit::record(&mut tx, caller, entry, now).await?;
+        emit_placement(&mut tx, &r, placed, pool).await?;
+        tx.commit().await?;
+        app.capacity.forget(&r.node_ids()).await;
+        return Ok(Some(r));
+    }
+    unreachable!("the last placement attempt never asks to decide again")
+}
+
+/// `QUOTA_EXCEEDED` for `resource`, with what the quota leaves.
+async fn quota_exceeded(
+    app: &App,
+    r: &Reservation,
+    charge: &BTreeMap<String, i64>,
+    limits: &BTreeMap<String, i64>,
+    resource: &str,
+) -> Result<Error> {
+    let mut conn = app.store.pool().acquire().await?;
+    let used = crate::pools::store::quota_used(&mut conn, &r.pool_id, &r.tenant_id).await?;
+    let limit = limits.get(resource).copied().unwrap_or(0);
+    let used = used.get(resource).copied().unwrap_or(0);
+    Ok(Error::QuotaExceeded {
+        message: format!(
+            "the request needs {} {resource} but the quota leaves {}",
+            charge[resource],
+            limit - used
+        ),
+        details: json!({ "resource": resource, "requested": charge[resource], "limit": limit, "used": used }),
+    })
 }
 
 async fn wait_while_pending(app: &App, id: &str, wait_ms: i64) -> Result<Reservation> {

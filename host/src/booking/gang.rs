@@ -16,15 +16,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sqlx::AnyConnection;
-
-use super::engine::{Attempt, mark_placed};
-use super::placement::{Candidacy, Candidates, Refusal, Snapshot, check_choice};
-use super::store::{self, Member, Reservation, order_members};
+use super::place::Chosen;
+use super::placement::{Candidacy, Candidates, Placer, Refusal, Snapshot, check_choice};
+use super::store::{Member, Reservation};
 use crate::inventory::nodes::Node;
-use crate::pools::store::Pool;
-use crate::store::violates;
-use crate::{App, Error, Result};
+use crate::{Error, Result};
 
 /// The node attribute every member of a gang must share (`gang.topologyKey`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,39 +103,34 @@ pub fn restrict(
     (out, index)
 }
 
-/// Places the gang `r` asks for on `snapshot` (the pool as the view sees it) and books every
-/// member, all or none.
-pub(super) async fn place(
-    app: &App,
-    conn: &mut AnyConnection,
-    pool: &Pool,
-    r: &mut Reservation,
+/// Decides where every member of the gang `r` asks for goes on `snapshot`; or why it
+/// does not fit. Nothing is written: the members are booked together ([`super::place::book`]).
+pub(super) fn decide(
+    placer: &dyn Placer,
+    r: &Reservation,
     snapshot: &Snapshot,
-    now: i64,
-) -> Result<Attempt> {
+) -> Result<std::result::Result<Chosen, String>> {
     let Some(gang) = r.request.gang.clone() else {
         return Err(anyhow::anyhow!("gang placement without a gang").into());
     };
     let size = gang.size.max(1) as usize;
     let key = gang.topology_key.as_deref().and_then(TopologyKey::parse);
     let offer = snapshot.candidates(r, false);
-    let mut free = vec![0u32; snapshot.nodes.len()];
+    let mut free = vec![0u32; snapshot.len()];
     for node in offer.candidates.nodes.iter() {
         free[node.id as usize] = node.free.len;
     }
     let described: Vec<(Option<&str>, u32)> = snapshot
-        .nodes
-        .iter()
+        .nodes()
         .zip(&free)
         .map(|(node, free)| (key.as_ref().map_or(Some(""), |k| k.value(node)), *free))
         .collect();
-    let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
     let mut reason: Option<String> = None;
     let scope = |group: &[usize]| match (&key, group.first()) {
         (Some(k), Some(&n)) => format!(
             " in {} {}",
             gang.topology_key.as_deref().unwrap_or("region"),
-            k.value(&snapshot.nodes[n]).unwrap_or_default()
+            k.value(snapshot.node(n)).unwrap_or_default()
         ),
         _ => String::new(),
     };
@@ -184,7 +175,7 @@ pub(super) async fn place(
                     message,
                 }));
             }
-            let node = &snapshot.nodes[choice.node as usize];
+            let node = snapshot.node(choice.node as usize);
             let mut unit_ids: Vec<String> = choice
                 .units
                 .iter()
@@ -201,7 +192,10 @@ pub(super) async fn place(
             }
         }
         if members.len() == size {
-            return book(app, conn, r, members, decided.join(", "), now).await;
+            return Ok(Ok(Chosen {
+                members,
+                decided_by: decided.join(", "),
+            }));
         }
         if reason.is_none() {
             reason = Some(format!(
@@ -211,57 +205,9 @@ pub(super) async fn place(
             ));
         }
     }
-    Ok(Attempt::NoFit(reason.unwrap_or_else(|| {
+    Ok(Err(reason.unwrap_or_else(|| {
         "no node reports a value for the gang's topologyKey".to_string()
     })))
-}
-
-/// Writes every member's bookings in one savepoint and marks `r` placed; a concurrent
-/// booking of any chosen unit undoes them all.
-async fn book(
-    app: &App,
-    conn: &mut AnyConnection,
-    r: &mut Reservation,
-    mut members: Vec<Member>,
-    decided_by: String,
-    now: i64,
-) -> Result<Attempt> {
-    let nodes = || members.iter().map(|m| m.node_id.clone()).collect();
-    for member in &members {
-        let lock = app.store.for_share();
-        if !Snapshot::rights_still_allow(conn, lock, r, &member.node_id, &member.unit_ids, now)
-            .await?
-        {
-            return Ok(Attempt::Lost(nodes()));
-        }
-    }
-    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    for member in &members {
-        match store::insert_bookings(
-            &mut savepoint,
-            r,
-            &member.node_id,
-            &member.unit_ids,
-            app.provider_share_bps,
-            now,
-        )
-        .await
-        {
-            Ok(()) => {}
-            Err(err) if violates(&err, "bookings_no_overlap") => {
-                savepoint.rollback().await?;
-                return Ok(Attempt::Lost(nodes()));
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    savepoint.commit().await?;
-    let first = members[0].node_id.clone();
-    order_members(&mut members, Some(&first));
-    r.unit_ids = members.iter().flat_map(|m| m.unit_ids.clone()).collect();
-    r.members = members;
-    mark_placed(r, first, decided_by, now);
-    Ok(Attempt::Placed)
 }
 
 #[cfg(test)]

@@ -3,14 +3,14 @@
 //! with room for the host resources), hands compact records to the pool's placer, and
 //! checks the answer before anything is written.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use sqlx::AnyConnection;
 
 use super::store::Reservation;
 use super::{DeviceRequest, HostBooking};
-use crate::capacity::NodeCapacity;
+use crate::capacity::{Booked, NodeCapacity};
 use crate::inventory::nodes::Node;
 use crate::inventory::{DeviceClass, Unit, labels_match};
 use crate::node_reservations::may_place;
@@ -144,13 +144,6 @@ pub fn check_choice(
     Ok(())
 }
 
-/// A reservation holding a unit during the window.
-struct Hold {
-    reservation_id: String,
-    spot: bool,
-    start_ms: i64,
-}
-
 /// A spot booking that could give way to a request (WIT `spot-booking`): its units are a
 /// run of [`Candidates::units`] and in no node's free run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -174,144 +167,195 @@ pub struct Candidacy {
     pub spot_reservations: Vec<String>,
 }
 
-/// A map keyed by positions in a snapshot, hashed fast (the keys are not the caller's).
-type Indexed<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
-
-/// What the database says about a pool's nodes over a window.
+/// The pool's nodes as the capacity view holds them, read over one window: what a decision
+/// is made on. A node's position in it is its id in the candidates of a call; lost nodes
+/// are in it but never candidates.
 pub struct Snapshot {
-    pub nodes: Vec<Arc<Node>>,
-    /// By (node, unit) index into `nodes`.
-    holds: Indexed<(usize, usize), Vec<Hold>>,
-    /// By node index.
-    host_used: Indexed<usize, HostBooking>,
-    /// Host resources booked by work that is not spot (what preemption cannot free).
-    host_used_steady: Indexed<usize, HostBooking>,
-    /// By (node, unit) index into `nodes`.
-    claims: Indexed<(usize, usize), Vec<crate::node_reservations::Rights>>,
+    nodes: Arc<Vec<Arc<NodeCapacity>>>,
+    /// The reservation deciding: its own bookings do not hold anything against it.
+    own: String,
+    own_hash: u64,
+    start: i64,
+    end: i64,
     now: i64,
 }
 
+/// What holds one unit over a snapshot's window.
+#[derive(Clone, Copy, Default)]
+struct Held<'a> {
+    /// How many bookings.
+    count: u32,
+    /// The first of them.
+    first: Option<&'a Booked>,
+}
+
+/// One node of a snapshot, read over its window: who holds each unit, which units the
+/// deciding tenant may use, and the host resources booked.
+#[derive(Default)]
+struct NodeWindow<'a> {
+    held: Vec<Held<'a>>,
+    allowed: Vec<bool>,
+    host_used: HostBooking,
+    /// Host resources booked by work that is not spot (what preemption cannot free).
+    host_used_steady: HostBooking,
+}
+
+impl NodeWindow<'_> {
+    /// Whether a reservation may have all of `node`: nothing holds any of it over the
+    /// window, and the node reservations let it place on every sellable unit.
+    fn wholly_free(&self, capacity: &NodeCapacity) -> bool {
+        self.host_used == HostBooking::default()
+            && capacity
+                .slots()
+                .iter()
+                .enumerate()
+                .filter(|(_, slot)| slot.sellable)
+                .all(|(u, _)| self.held[u].count == 0 && self.allowed[u])
+    }
+}
+
 impl Snapshot {
-    /// The pool's nodes as the capacity view holds them, their bookings overlapping
-    /// `[start, end)` (other than the reservation's own), and the node reservations live
-    /// at `now` that claim their units over the window.
+    /// The nodes of pool `pool_id` as the capacity view holds them, read over
+    /// `[start, end)` for the reservation `own` (its own bookings do not count), with
+    /// node-reservation rights as they stand at `now`.
     pub async fn load(
         app: &App,
-        pool_node_ids: &[String],
+        pool_id: &str,
         own: &str,
         start: i64,
         end: i64,
         now: i64,
     ) -> Result<Snapshot> {
-        let held = app.capacity.nodes(pool_node_ids).await?;
-        Ok(Snapshot::of(&held, own, start, end, now))
+        let nodes = app.capacity.pool(pool_id).await?;
+        Ok(Snapshot::of(nodes, own, start, end, now))
     }
 
-    /// The pool's nodes that take placements, without what books or claims them: what a
-    /// request is checked against before it is decided.
-    pub async fn inventory(app: &App, pool_node_ids: &[String]) -> Result<Snapshot> {
-        let held = app.capacity.nodes(pool_node_ids).await?;
-        Ok(Snapshot {
-            nodes: held
-                .iter()
-                .filter(|c| !c.node.is_lost())
-                .map(|c| c.node.clone())
-                .collect(),
-            holds: Indexed::default(),
-            host_used: Indexed::default(),
-            host_used_steady: Indexed::default(),
-            claims: Indexed::default(),
-            now: 0,
-        })
+    /// The pool's nodes as the capacity view holds them, without a window: what a request
+    /// is checked against before it is decided.
+    pub async fn inventory(app: &App, pool_id: &str) -> Result<Snapshot> {
+        Self::load(app, pool_id, "", 0, 0, 0).await
     }
 
-    /// As [`Snapshot::load`], but read on `conn` itself: a transaction that changed
-    /// capacity (terminated spot work) decides on what it sees, uncommitted changes included.
-    pub async fn read(
+    /// The same nodes as `self`, with `changed` read again on `conn`: a transaction that
+    /// changed capacity there (terminated spot work) decides on what it sees, its own
+    /// uncommitted changes included.
+    pub async fn read_again(
+        &self,
         conn: &mut AnyConnection,
-        pool_node_ids: &[String],
+        changed: &[String],
+    ) -> Result<Snapshot> {
+        let mut fresh: std::collections::HashMap<String, NodeCapacity> =
+            crate::capacity::load(conn, changed)
+                .await?
+                .into_iter()
+                .map(|c| (c.node.id.clone(), c))
+                .collect();
+        let nodes = self
+            .nodes
+            .iter()
+            .filter_map(|held| match fresh.remove(&held.node.id) {
+                Some(read) => Some(Arc::new(read)),
+                None if changed.contains(&held.node.id) => None,
+                None => Some(held.clone()),
+            })
+            .collect();
+        Ok(Snapshot::of(
+            Arc::new(nodes),
+            &self.own,
+            self.start,
+            self.end,
+            self.now,
+        ))
+    }
+
+    /// `nodes` read over the window `[start, end)`.
+    pub fn of(
+        nodes: Arc<Vec<Arc<NodeCapacity>>>,
         own: &str,
         start: i64,
         end: i64,
         now: i64,
-    ) -> Result<Snapshot> {
-        let held: Vec<Arc<NodeCapacity>> = crate::capacity::load(conn, pool_node_ids)
-            .await?
-            .into_iter()
-            .map(Arc::new)
-            .collect();
-        Ok(Snapshot::of(&held, own, start, end, now))
+    ) -> Snapshot {
+        Snapshot {
+            nodes,
+            own: own.to_string(),
+            own_hash: crate::capacity::reservation_hash(own),
+            start,
+            end,
+            now,
+        }
     }
 
-    /// What `held` says about the window `[start, end)`.
-    pub fn of(held: &[Arc<NodeCapacity>], own: &str, start: i64, end: i64, now: i64) -> Snapshot {
-        let window = crate::node_reservations::Term {
-            starts_at: start,
-            ends_at: Some(end),
-        };
-        let mut snapshot = Snapshot {
-            nodes: Vec::with_capacity(held.len()),
-            holds: Indexed::default(),
-            host_used: Indexed::default(),
-            host_used_steady: Indexed::default(),
-            claims: Indexed::default(),
-            now,
-        };
-        for capacity in held {
-            let node = &capacity.node;
-            // A lost node gets no new placements until it reports again.
-            if node.is_lost() {
-                continue;
-            }
-            let n = snapshot.nodes.len();
-            snapshot.nodes.push(node.clone());
-            let unit_index = |id: &str| node.units.iter().position(|u| u.id == id);
-            let overlaps = |s: i64, e: i64, id: &str| id != own && s < end && e > start;
-            for b in capacity
-                .bookings
-                .iter()
-                .filter(|b| overlaps(b.start_ms, b.end_ms, &b.reservation_id))
-            {
-                let Some(u) = unit_index(&b.unit_id) else {
-                    continue;
-                };
-                snapshot.holds.entry((n, u)).or_default().push(Hold {
-                    reservation_id: b.reservation_id.clone(),
-                    spot: b.spot,
-                    start_ms: b.start_ms,
-                });
-            }
-            for h in capacity
-                .host
-                .iter()
-                .filter(|h| overlaps(h.start_ms, h.end_ms, &h.reservation_id))
-            {
-                let booked = HostBooking {
-                    vcpu: h.vcpu,
-                    memory_gib: h.memory_gib,
-                    hugepages_1gi: h.hugepages_1gi,
-                };
-                if !h.spot {
-                    snapshot.host_used_steady.entry(n).or_default().add(booked);
-                }
-                snapshot.host_used.entry(n).or_default().add(booked);
-            }
-            for record in capacity
-                .claims
-                .iter()
-                .filter(|r| r.term.ends_at.is_none_or(|e| e > now) && r.term.overlaps(&window))
-            {
-                let rights = record.rights(now);
-                for u in record.unit_ids.iter().filter_map(|id| unit_index(id)) {
-                    snapshot
-                        .claims
-                        .entry((n, u))
-                        .or_default()
-                        .push(rights.clone());
-                }
+    /// How many nodes the snapshot holds.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The node at position `n`.
+    pub fn node(&self, n: usize) -> &Node {
+        &self.nodes[n].node
+    }
+
+    /// The nodes, in order, lost ones included.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().map(|c| c.node.as_ref())
+    }
+
+    fn overlaps(&self, start: i64, end: i64, reservation_id: &str) -> bool {
+        start < self.end && end > self.start && reservation_id != self.own
+    }
+
+    /// Reads node `n` over the window for `r` into `out`.
+    fn read_window<'a>(&'a self, n: usize, r: &Reservation, out: &mut NodeWindow<'a>) {
+        let capacity = &self.nodes[n];
+        let units = capacity.node.units.len();
+        out.held.clear();
+        out.held.resize(units, Held::default());
+        for span in capacity.spans() {
+            let overlaps = span.start_ms < self.end
+                && span.end_ms > self.start
+                && (span.reservation != self.own_hash
+                    || capacity.bookings[span.booking as usize].reservation_id != self.own);
+            if overlaps {
+                let h = &mut out.held[span.unit as usize];
+                h.count += 1;
+                h.first
+                    .get_or_insert(&capacity.bookings[span.booking as usize]);
             }
         }
-        snapshot
+        out.host_used = HostBooking::default();
+        out.host_used_steady = HostBooking::default();
+        for h in capacity
+            .host
+            .iter()
+            .filter(|h| self.overlaps(h.start_ms, h.end_ms, &h.reservation_id))
+        {
+            let booked = HostBooking {
+                vcpu: h.vcpu,
+                memory_gib: h.memory_gib,
+                hugepages_1gi: h.hugepages_1gi,
+            };
+            if !h.spot {
+                out.host_used_steady.add(booked);
+            }
+            out.host_used.add(booked);
+        }
+        out.allowed.clear();
+        out.allowed.resize(units, true);
+        let term = crate::node_reservations::Term {
+            starts_at: self.start,
+            ends_at: Some(self.end),
+        };
+        for (record, claimed) in capacity
+            .claims_by_unit()
+            .filter(|(c, _)| c.term.ends_at.is_none_or(|e| e > self.now) && c.term.overlaps(&term))
+        {
+            let rights = [record.rights(self.now)];
+            for &u in claimed {
+                let unit = &capacity.node.units[u].id;
+                out.allowed[u] &= may_place(&r.tenant_id, unit, &rights, r.spot);
+            }
+        }
     }
 
     /// Whether the node reservations on `node_id` still let `r` book `units` over its
@@ -348,30 +392,18 @@ impl Snapshot {
     /// The nodes where spot work holds units over the window (what preemption could free).
     pub fn nodes_holding_spot(&self) -> Vec<String> {
         let mut nodes: Vec<String> = self
-            .holds
+            .nodes
             .iter()
-            .filter(|(_, holds)| holds.iter().any(|h| h.spot))
-            .map(|((n, _), _)| self.nodes[*n].id.clone())
+            .filter(|c| !c.is_lost())
+            .filter(|c| {
+                c.bookings
+                    .iter()
+                    .any(|b| b.spot && self.overlaps(b.start_ms, b.end_ms, &b.reservation_id))
+            })
+            .map(|c| c.node.id.clone())
             .collect();
         nodes.sort();
-        nodes.dedup();
         nodes
-    }
-
-    /// Whether `r` may have all of `node`: no booking or host booking holds any of it over
-    /// the window, and the node reservations let `r` place on every sellable unit.
-    fn wholly_free(&self, n: usize, r: &Reservation) -> bool {
-        !self.host_used.contains_key(&n)
-            && self.nodes[n]
-                .units
-                .iter()
-                .enumerate()
-                .filter(|(_, unit)| unit.sellable)
-                .all(|(u, unit)| {
-                    let claims = self.claims.get(&(n, u)).map_or(&[][..], Vec::as_slice);
-                    !self.holds.contains_key(&(n, u))
-                        && may_place(&r.tenant_id, &unit.id, claims, r.spot)
-                })
     }
 
     /// The units a placement on `node` books: those the placer chose, or for a node
@@ -394,14 +426,8 @@ impl Snapshot {
         let gpu_hosts: Vec<(i64, i64, i64)> = self
             .nodes
             .iter()
-            .map(|n| {
-                let gpus = n
-                    .units
-                    .iter()
-                    .filter(|u| u.device_class == DeviceClass::Gpu)
-                    .count() as i64;
-                (n.host.vcpu, n.host.memory_gib, gpus)
-            })
+            .filter(|c| !c.is_lost())
+            .map(|c| (c.node.host.vcpu, c.node.host.memory_gib, c.gpus()))
             .collect();
         crate::pools::per_gpu_share(policy, &gpu_hosts)
     }
@@ -452,68 +478,95 @@ impl Snapshot {
             spot: Vec::new(),
             spot_reservations: Vec::new(),
         };
-        for (n, node) in self.nodes.iter().enumerate() {
+        // Units a placement on one node must have, in all: a node with fewer usable ones
+        // cannot take the request and is not offered.
+        let wanted: usize = request
+            .devices
+            .iter()
+            .map(|d| d.count.max(0) as usize)
+            .sum();
+        let mut window = NodeWindow::default();
+        let mut usable: Vec<bool> = Vec::new();
+        let mut node_models: Vec<u32> = Vec::new();
+        let mut loads: Vec<DomainLoad> = Vec::new();
+        for (n, capacity) in self.nodes.iter().enumerate() {
+            let node = capacity.node.as_ref();
+            // A lost node gets no new placements until it reports again.
+            if capacity.is_lost() {
+                continue;
+            }
+            self.read_window(n, reservation, &mut window);
             let host_used = if preempting {
-                &self.host_used_steady
+                window.host_used_steady
             } else {
-                &self.host_used
+                window.host_used
             };
-            if !has_room(&node.host, host_used.get(&n), reservation.resources) {
+            if !has_room(&node.host, host_used, reservation.resources) {
                 continue;
             }
             // A node binding hands the whole node over: only a node nothing else holds.
-            if reservation.binding == super::Binding::Node && !self.wholly_free(n, reservation) {
+            if reservation.binding == super::Binding::Node && !window.wholly_free(capacity) {
                 continue;
             }
-            let mut domains: Vec<String> = Vec::new();
-            let mut loads: BTreeMap<u32, DomainLoad> = BTreeMap::new();
+            usable.clear();
+            let mut takeable = 0;
+            for (u, slot) in capacity.slots().iter().enumerate() {
+                let held = window.held[u];
+                let ok = slot.sellable
+                    && window.allowed[u]
+                    && (held.count == 0
+                        || (preempting && held.count == 1 && held.first.is_some_and(|b| b.spot)))
+                    && request.devices.iter().any(|d| {
+                        d.class == slot.class
+                            && (d.selector.is_none() || matches(d, &node.units[u], node))
+                    });
+                takeable += usize::from(ok);
+                usable.push(ok);
+            }
+            if takeable == 0 || takeable < wanted {
+                continue;
+            }
+            node_models.clear();
+            node_models.extend(capacity.models().iter().map(|m| intern(m, &mut models)));
+            loads.clear();
             let first_unit = out.candidates.units.len();
             let mut busy_units = 0;
             // Units that a spot booking holds, grouped by booking, in unit order.
             let mut giving_way: BTreeMap<&str, (i64, Vec<CandidateUnit>, Vec<usize>)> =
                 BTreeMap::new();
-            for (u, unit) in node.units.iter().enumerate() {
-                let domain = unit.nvlink_domain.as_deref().map(|d| {
-                    match domains.iter().position(|x| x == d) {
-                        Some(i) => i as u32,
-                        None => {
-                            domains.push(d.to_string());
-                            (domains.len() - 1) as u32
-                        }
-                    }
-                });
-                let key = (n, u);
-                let holds = self.holds.get(&key).map_or(&[][..], Vec::as_slice);
-                let busy = !holds.is_empty();
+            for (u, slot) in capacity.slots().iter().enumerate() {
+                let domain = &slot.domain;
+                let held = window.held[u];
+                let busy = held.count > 0;
                 busy_units += u32::from(busy);
-                if let Some(d) = domain {
-                    let load = loads.entry(d).or_insert(DomainLoad {
-                        domain: d,
-                        busy: 0,
-                        total: 0,
-                    });
+                if let Some(d) = *domain {
+                    if loads.len() <= d as usize {
+                        loads.resize_with(d as usize + 1, || DomainLoad {
+                            domain: 0,
+                            busy: 0,
+                            total: 0,
+                        });
+                    }
+                    let load = &mut loads[d as usize];
+                    load.domain = d;
                     load.total += 1;
                     load.busy += u32::from(busy);
                 }
-                let claims = self.claims.get(&key).map_or(&[][..], Vec::as_slice);
-                let usable = unit.sellable
-                    && request.devices.iter().any(|d| matches(d, unit, node))
-                    && may_place(&reservation.tenant_id, &unit.id, claims, reservation.spot);
-                if !usable {
+                if !usable[u] {
                     continue;
                 }
                 let candidate = CandidateUnit {
-                    class: policy_class(unit.device_class),
-                    model: intern(&unit.model, &mut models),
-                    nvlink_domain: domain,
-                    memory_gib: unit.memory_gib.clamp(0, i64::from(u32::MAX)) as u32,
+                    class: policy_class(slot.class),
+                    model: node_models[slot.model as usize],
+                    nvlink_domain: *domain,
+                    memory_gib: slot.memory_gib,
                 };
-                match holds {
-                    [] => {
+                match held.first {
+                    None => {
                         out.candidates.units.push(candidate);
                         out.index.push((n, u));
                     }
-                    [hold] if preempting && hold.spot => {
+                    Some(hold) => {
                         let entry = giving_way.entry(hold.reservation_id.as_str()).or_insert((
                             hold.start_ms,
                             Vec::new(),
@@ -522,7 +575,6 @@ impl Snapshot {
                         entry.1.push(candidate);
                         entry.2.push(u);
                     }
-                    _ => {}
                 }
             }
             let free = out.candidates.units.len() - first_unit;
@@ -530,7 +582,9 @@ impl Snapshot {
                 continue;
             }
             let node_id = n as u32;
-            let domains = out.candidates.push_domains(loads.into_values());
+            let domains = out
+                .candidates
+                .push_domains(loads.iter().filter(|l| l.total > 0).cloned());
             out.candidates.nodes.push(orl_placer_default::Node {
                 id: node_id,
                 busy_units,
@@ -572,12 +626,7 @@ fn matches(device: &DeviceRequest, unit: &Unit, node: &Node) -> bool {
         })
 }
 
-fn has_room(
-    host: &crate::inventory::HostResources,
-    used: Option<&HostBooking>,
-    want: HostBooking,
-) -> bool {
-    let used = used.copied().unwrap_or_default();
+fn has_room(host: &crate::inventory::HostResources, used: HostBooking, want: HostBooking) -> bool {
     used.vcpu + want.vcpu <= host.vcpu
         && used.memory_gib + want.memory_gib <= host.memory_gib
         && used.hugepages_1gi + want.hugepages_1gi <= host.hugepages_1gi

@@ -320,6 +320,16 @@ fn pool_from_row(r: &AnyRow, node_ids: Vec<String>) -> Result<Pool> {
     })
 }
 
+/// The pool with `id` without its member list (`node_ids` is empty): for placements,
+/// which read a pool's nodes from the capacity view ([`crate::capacity::View::pool`]).
+pub async fn find_settings(conn: &mut AnyConnection, id: &str) -> Result<Option<Pool>> {
+    let row = sqlx::query(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.map(|row| pool_from_row(&row, Vec::new())).transpose()
+}
+
 /// The pool with `id`, whoever asks.
 pub async fn find(conn: &mut AnyConnection, id: &str) -> Result<Option<Pool>> {
     let Some(row) = sqlx::query(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE id = $1"))

@@ -1,0 +1,433 @@
+//! Placing a reservation: decide on the capacity view, then book in a short transaction in
+//! which the database arbitrates.
+//!
+//! A decision (the pool's placer, the plugin call included) runs on the view, outside any
+//! transaction and any lock, so a slow plugin on one pool never holds up another pool's
+//! writes. The write that follows checks again, under the locks it takes, everything the
+//! view may not have heard of yet: the node (still reporting, its host resources), the
+//! node-reservation rights on the chosen units, the host resources already booked; the
+//! database's overlap constraint refuses a unit booked twice. A decision that lost to such
+//! a commit writes nothing: the caller rolls back, the nodes it chose are loaded again, and
+//! it decides again, at most [`PLACE_ATTEMPTS`] times.
+//!
+//! The write locks, in this order: the pool (pool-lease pools only, whose queue is served
+//! in order), the reservation, the chosen nodes (by id), their node reservations (shared),
+//! then the bookings.
+
+use serde_json::json;
+use sqlx::{AnyConnection, Row as _};
+
+use super::engine::{emit, lock_pool, mark_pending, mark_placed, older_pending_exists};
+use super::placement::{Placer, Refusal, Snapshot, check_choice};
+use super::preempt;
+use super::store::{self, Member, Reservation};
+use super::{HostBooking, State};
+use crate::capacity::{Assumed, Assumption};
+use crate::pools::PlacerMode;
+use crate::pools::store::Pool;
+use crate::store::violates;
+use crate::{App, Error, Result};
+
+/// How many times a placement decides again after losing to a commit its view had not seen.
+pub(super) const PLACE_ATTEMPTS: u32 = 3;
+
+/// Why a placement that kept losing to concurrent commits waits.
+const BOOKED_CONCURRENTLY: &str = "the chosen units were booked concurrently";
+
+/// Where a decision put a reservation, before anything is written: one member per node
+/// (a gang has several), and who decided.
+pub(super) struct Chosen {
+    pub members: Vec<Member>,
+    pub decided_by: String,
+}
+
+/// What a decision on a snapshot came to.
+pub(super) enum Decided {
+    Chosen(Chosen),
+    /// It does not fit: why, and the nodes where spot work holds units over the window
+    /// (what preemption could free).
+    NoFit {
+        reason: String,
+        spot_nodes: Vec<String>,
+    },
+}
+
+/// What booking a decision came to.
+pub(super) enum Attempt {
+    /// Booked, and `r` marked placed.
+    Placed,
+    /// The decision was made on a stale view: a commit it had not seen booked or claimed
+    /// units chosen on these nodes, or changed the nodes. Nothing written.
+    Lost(Vec<String>),
+}
+
+/// What placing a reservation in a transaction came to.
+pub(super) enum Outcome {
+    /// Placed, with its bookings written.
+    Placed,
+    /// Marked `pending` (`Unschedulable` or `Queued`).
+    Pending,
+    /// The decision lost to a commit the view had not seen: roll back, forget these nodes
+    /// ([`crate::capacity::View::forget`]) and decide again.
+    Lost(Vec<String>),
+}
+
+/// Decides where `r` goes on the pool as the capacity view holds it, outside any
+/// transaction, and holds the choice in the view until the write is done
+/// ([`crate::capacity::View::assume`]). Decisions of one pool take turns on this replica
+/// ([`crate::capacity::View::turn`]), so each places around the ones before it; the turn
+/// ends with the decision, before anything is written. A choice the view shows taken by
+/// then (another replica's commit, heard meanwhile) is not assumed: the database arbitrates.
+pub(super) async fn decide(
+    app: &App,
+    pool: &Pool,
+    r: &Reservation,
+) -> Result<(Decided, Option<Assumed>)> {
+    let _turn = app.capacity.turn(&pool.id).await;
+    let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, app.now_ms()).await?;
+    let decided = decide_on(app, pool, r, &snapshot).await?;
+    let Decided::Chosen(chosen) = &decided else {
+        return Ok((decided, None));
+    };
+    let members: Vec<(&str, &[String])> = chosen
+        .members
+        .iter()
+        .map(|m| (m.node_id.as_str(), m.unit_ids.as_slice()))
+        .collect();
+    let assumption = Assumption {
+        reservation_id: &r.id,
+        spot: r.spot,
+        start_ms: r.start_ms,
+        end_ms: r.end_ms,
+        members: &members,
+        host: (
+            r.resources.vcpu,
+            r.resources.memory_gib,
+            r.resources.hugepages_1gi,
+        ),
+    };
+    let assumed = app.capacity.assume(assumption).await;
+    Ok((decided, assumed))
+}
+
+/// Asks the pool's placer for units on `snapshot`. A gang is decided member by member
+/// ([`super::gang`]).
+pub(super) async fn decide_on(
+    app: &App,
+    pool: &Pool,
+    r: &Reservation,
+    snapshot: &Snapshot,
+) -> Result<Decided> {
+    let placer = {
+        let mut conn = app.store.pool().acquire().await?;
+        crate::policy::assignment::placer_for(app, &mut conn, pool).await?
+    };
+    let decided = if r.request.gang.is_some() {
+        super::gang::decide(placer.as_ref(), r, snapshot)?
+    } else {
+        decide_one(placer.as_ref(), r, snapshot)?
+    };
+    Ok(match decided {
+        Ok(chosen) => Decided::Chosen(chosen),
+        Err(reason) => Decided::NoFit {
+            reason,
+            spot_nodes: snapshot.nodes_holding_spot(),
+        },
+    })
+}
+
+/// One node for `r`: the placer's answer, checked against what it was offered; or why
+/// it does not fit.
+fn decide_one(
+    placer: &dyn Placer,
+    r: &Reservation,
+    snapshot: &Snapshot,
+) -> Result<std::result::Result<Chosen, String>> {
+    let offer = snapshot.candidates(r, false);
+    // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.
+    let (choice, decided_by) =
+        match tokio::task::block_in_place(|| placer.place(&offer.request, &offer.candidates)) {
+            Ok(decision) => decision,
+            Err(Refusal::Unschedulable(reason)) => return Ok(Err(reason)),
+            Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
+        };
+    if let Err(message) = check_choice(&offer.request, &offer.candidates, &choice) {
+        return Err(Error::PolicyFailed(crate::policy::Failure {
+            plugin_id: placer.id(),
+            kind: crate::policy::FailureKind::InvalidAnswer,
+            message,
+        }));
+    }
+    let (n, _) = offer.index[choice.units[0] as usize];
+    let node = snapshot.node(n);
+    let chosen: Vec<String> = choice
+        .units
+        .iter()
+        .map(|u| node.units[offer.index[*u as usize].1].id.clone())
+        .collect();
+    Ok(Ok(Chosen {
+        members: vec![Member {
+            node_id: node.id.clone(),
+            unit_ids: Snapshot::booked_units(node, r, chosen),
+        }],
+        decided_by,
+    }))
+}
+
+/// Places `r` in `conn`'s transaction as `decided` (made on the view, outside it): books
+/// the choice, or, when it does not fit, lets spot work give way or marks it `pending`
+/// (`Unschedulable`, retried every 30 s; `Queued` in a pool-lease pool). A pool-lease queue
+/// is served in order: nothing jumps an older queued reservation. On the last attempt a
+/// lost decision waits as `pending` instead of asking to decide again.
+pub(super) async fn try_place(
+    app: &App,
+    conn: &mut AnyConnection,
+    pool: &Pool,
+    r: &mut Reservation,
+    decided: Decided,
+    attempt: u32,
+    now: i64,
+) -> Result<Outcome> {
+    let queued = pool.policy.placer == PlacerMode::PoolLease;
+    if queued {
+        lock_pool(app, conn, &pool.id).await?;
+        if older_pending_exists(conn, r).await? {
+            let why = "waiting behind older reservations in the pool's queue";
+            mark_pending(r, queued, why.into(), now);
+            return Ok(Outcome::Pending);
+        }
+    }
+    let (reason, spot_nodes) = match decided {
+        Decided::Chosen(chosen) => {
+            return match book(app, conn, r, chosen, now).await? {
+                Attempt::Placed => Ok(Outcome::Placed),
+                Attempt::Lost(nodes) if attempt + 1 < PLACE_ATTEMPTS => Ok(Outcome::Lost(nodes)),
+                Attempt::Lost(nodes) => {
+                    app.capacity.forget(&nodes).await;
+                    mark_pending(r, queued, BOOKED_CONCURRENTLY.into(), now);
+                    Ok(Outcome::Pending)
+                }
+            };
+        }
+        Decided::NoFit { reason, spot_nodes } => (reason, spot_nodes),
+    };
+    if !r.spot
+        && !spot_nodes.is_empty()
+        && preempt_and_place(app, conn, pool, r, &spot_nodes, now).await?
+    {
+        return Ok(Outcome::Placed);
+    }
+    mark_pending(r, queued, reason, now);
+    Ok(Outcome::Pending)
+}
+
+/// Terminates spot work so that `r` fits, and places it: the terminations and the placement
+/// commit together or not at all. Decided inside the transaction, on what it sees.
+async fn preempt_and_place(
+    app: &App,
+    conn: &mut AnyConnection,
+    pool: &Pool,
+    r: &mut Reservation,
+    spot_nodes: &[String],
+    now: i64,
+) -> Result<bool> {
+    // Preemption terminates what the snapshot shows: read the nodes holding spot work
+    // again, so that no victim is chosen that a concurrent create already took.
+    app.capacity.forget(spot_nodes).await;
+    let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, now).await?;
+    let mut attempt = sqlx::Connection::begin(&mut *conn).await?;
+    if preempt::make_room(app, &mut attempt, pool, r, &snapshot, now).await? {
+        // The terminations changed what is free: place on what the transaction sees.
+        let freed = snapshot.read_again(&mut attempt, spot_nodes).await?;
+        if let Decided::Chosen(chosen) = decide_on(app, pool, r, &freed).await?
+            && let Attempt::Placed = book(app, &mut attempt, r, chosen, now).await?
+        {
+            attempt.commit().await?;
+            return Ok(true);
+        }
+    }
+    attempt.rollback().await?;
+    Ok(false)
+}
+
+/// Writes the bookings `chosen` names, all members or none, after checking under locks
+/// what the view that decided may not have seen; marks `r` placed.
+pub(super) async fn book(
+    app: &App,
+    conn: &mut AnyConnection,
+    r: &mut Reservation,
+    chosen: Chosen,
+    now: i64,
+) -> Result<Attempt> {
+    let Chosen {
+        mut members,
+        decided_by,
+    } = chosen;
+    let nodes = |members: &[Member]| members.iter().map(|m| m.node_id.clone()).collect();
+    // Nodes in id order, so that two placements sharing nodes never wait for each other.
+    let mut order: Vec<&Member> = members.iter().collect();
+    order.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    for member in order {
+        if !node_has_room(app, conn, r, &member.node_id, now).await?
+            || !Snapshot::rights_still_allow(
+                conn,
+                app.store.for_share(),
+                r,
+                &member.node_id,
+                &member.unit_ids,
+                now,
+            )
+            .await?
+        {
+            return Ok(Attempt::Lost(nodes(&members)));
+        }
+    }
+    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+    for member in &members {
+        let written = store::insert_bookings(
+            &mut savepoint,
+            r,
+            &member.node_id,
+            &member.unit_ids,
+            app.provider_share_bps,
+            now,
+        )
+        .await;
+        match written {
+            Ok(()) => {}
+            Err(err) if violates(&err, "bookings_no_overlap") => {
+                savepoint.rollback().await?;
+                return Ok(Attempt::Lost(nodes(&members)));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    savepoint.commit().await?;
+    let first = members[0].node_id.clone();
+    store::order_members(&mut members, Some(&first));
+    r.unit_ids = members.iter().flat_map(|m| m.unit_ids.clone()).collect();
+    r.members = members;
+    mark_placed(r, first, decided_by, now);
+    Ok(Attempt::Placed)
+}
+
+/// Whether `node_id` still takes placements and has room for `r`'s host resources over its
+/// window, read under a lock on the node (so two placements on one node take turns, and
+/// each sees the other's host bookings).
+async fn node_has_room(
+    app: &App,
+    conn: &mut AnyConnection,
+    r: &Reservation,
+    node_id: &str,
+    now: i64,
+) -> Result<bool> {
+    let Some(node) = sqlx::query(&format!(
+        "SELECT host_vcpu, host_memory_gib, host_hugepages_1gi, lost_at FROM nodes WHERE id = $1{}",
+        app.store.for_update()
+    ))
+    .bind(node_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(false);
+    };
+    if node.get::<Option<i64>, _>("lost_at").is_some() {
+        return Ok(false);
+    }
+    let want = r.resources;
+    if want == HostBooking::default() {
+        return Ok(true);
+    }
+    let used = sqlx::query(
+        "SELECT CAST(COALESCE(SUM(vcpu), 0) AS BIGINT) AS vcpu,
+                CAST(COALESCE(SUM(memory_gib), 0) AS BIGINT) AS memory_gib,
+                CAST(COALESCE(SUM(hugepages_1gi), 0) AS BIGINT) AS hugepages_1gi
+         FROM host_bookings
+         WHERE node_id = $1 AND active = $2 AND reservation_id <> $3 AND start_ms < $4 AND end_ms > $5",
+    )
+    .bind(node_id)
+    .bind(true)
+    .bind(&r.id)
+    .bind(r.end_ms)
+    .bind(r.start_ms.max(now))
+    .fetch_one(&mut *conn)
+    .await?;
+    let fits = |column: &str, want: i64| {
+        used.get::<i64, _>(column) + want <= node.get::<i64, _>(format!("host_{column}").as_str())
+    };
+    Ok(fits("vcpu", want.vcpu)
+        && fits("memory_gib", want.memory_gib)
+        && fits("hugepages_1gi", want.hugepages_1gi))
+}
+
+/// Retries placing a pending reservation (the reconciler's and the wake-up's path).
+pub async fn retry(app: &App, id: &str) -> Result<bool> {
+    for attempt in 0..PLACE_ATTEMPTS {
+        let (r, pool) = {
+            let mut conn = app.store.pool().acquire().await?;
+            let Some(r) = store::find(&mut conn, id, "").await? else {
+                return Ok(false);
+            };
+            if r.state != State::Pending {
+                return Ok(false);
+            }
+            let Some(pool) = crate::pools::store::find_settings(&mut conn, &r.pool_id).await?
+            else {
+                return Ok(false);
+            };
+            (r, pool)
+        };
+        let (decided, _assumed) = decide(app, &pool, &r).await?;
+        let mut tx = app.store.begin().await?;
+        let Some(mut r) = store::find(&mut tx, id, app.store.for_update()).await? else {
+            return Ok(false);
+        };
+        if r.state != State::Pending {
+            return Ok(false);
+        }
+        // Read after the locks: the bookings written below start no earlier than this.
+        let now = app.now_ms();
+        let before = r.conditions.clone();
+        let placed = match try_place(app, &mut tx, &pool, &mut r, decided, attempt, now).await? {
+            Outcome::Placed => true,
+            Outcome::Pending => false,
+            Outcome::Lost(nodes) => {
+                tx.rollback().await?;
+                app.capacity.forget(&nodes).await;
+                continue;
+            }
+        };
+        if !placed
+            && r.conditions
+                .iter()
+                .map(|c| (&c.kind, &c.message))
+                .eq(before.iter().map(|c| (&c.kind, &c.message)))
+        {
+            // Still waiting for the same reason: only the next attempt moves.
+            r.conditions = before;
+        }
+        if placed {
+            r.operate("place", now);
+        }
+        if !store::update(&mut tx, &mut r).await? {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        if placed {
+            emit(&mut tx, &r, "reservation.placed", json!({})).await?;
+            let entry = crate::audit::Entry {
+                org_id: &r.tenant_id,
+                action: "compute-reservation.place",
+                object_type: "compute-reservation",
+                object_id: &r.id,
+                reason: None,
+                details: Some(json!({ "state": r.state, "placedBy": r.placed_by })),
+            };
+            crate::audit::record(&mut tx, &crate::iam::Principal::system(), entry, now).await?;
+        }
+        tx.commit().await?;
+        app.capacity.forget(&r.node_ids()).await;
+        return Ok(placed);
+    }
+    Ok(false)
+}
