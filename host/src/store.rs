@@ -117,6 +117,17 @@ impl Store {
         }
     }
 
+    /// The row-lock clause for a row that serializes writers (a pool, a node) without
+    /// changing it: `FOR NO KEY UPDATE` on PostgreSQL, which does not wait for the key-share
+    /// locks that inserting a row referencing it takes, so a transaction that inserted such
+    /// a row can still take it.
+    pub fn for_turn(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite => "",
+            Backend::Postgres => " FOR NO KEY UPDATE",
+        }
+    }
+
     /// The row-lock clause for a read whose rows must not change until this transaction
     /// commits, while other readers may share them: `FOR SHARE` on PostgreSQL.
     pub fn for_share(&self) -> &'static str {

@@ -61,7 +61,7 @@ pub(super) async fn bookable_pool(
 pub(super) async fn lock_pool(app: &App, conn: &mut AnyConnection, pool_id: &str) -> Result<()> {
     sqlx::query(&format!(
         "SELECT id FROM pools WHERE id = $1{}",
-        app.store.for_update()
+        app.store.for_turn()
     ))
     .bind(pool_id)
     .fetch_optional(conn)

@@ -10,9 +10,9 @@
 //! a commit writes nothing: the caller rolls back, the nodes it chose are loaded again, and
 //! it decides again, at most [`PLACE_ATTEMPTS`] times.
 //!
-//! The write locks, in this order: the pool (pool-lease pools only, whose queue is served
-//! in order), the reservation, the chosen nodes (by id), their node reservations (shared),
-//! then the bookings.
+//! The write locks, in this order: the pool (pool-lease pools, whose queue is served in
+//! order, and preemptions, which take turns), the reservation, the chosen nodes (by id),
+//! their node reservations (shared), then the bookings.
 
 use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
@@ -85,7 +85,10 @@ pub(super) async fn decide(
 ) -> Result<(Decided, Option<Assumed>)> {
     let _turn = app.capacity.turn(&pool.id).await;
     let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, app.now_ms()).await?;
-    let decided = decide_on(app, pool, r, &snapshot).await?;
+    let decided = {
+        let mut conn = app.store.pool().acquire().await?;
+        decide_on(app, &mut conn, pool, r, &snapshot).await?
+    };
     let Decided::Chosen(chosen) = &decided else {
         return Ok((decided, None));
     };
@@ -110,18 +113,16 @@ pub(super) async fn decide(
     Ok((decided, assumed))
 }
 
-/// Asks the pool's placer for units on `snapshot`. A gang is decided member by member
-/// ([`super::gang`]).
-pub(super) async fn decide_on(
+/// Asks the pool's placer (its assignment read on `conn`) for units on `snapshot`. A gang
+/// is decided member by member ([`super::gang`]).
+async fn decide_on(
     app: &App,
+    conn: &mut AnyConnection,
     pool: &Pool,
     r: &Reservation,
     snapshot: &Snapshot,
 ) -> Result<Decided> {
-    let placer = {
-        let mut conn = app.store.pool().acquire().await?;
-        crate::policy::assignment::placer_for(app, &mut conn, pool).await?
-    };
+    let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
     let decided = if r.request.gang.is_some() {
         super::gang::decide(placer.as_ref(), r, snapshot)?
     } else {
@@ -231,15 +232,19 @@ async fn preempt_and_place(
     spot_nodes: &[String],
     now: i64,
 ) -> Result<bool> {
-    // Preemption terminates what the snapshot shows: read the nodes holding spot work
-    // again, so that no victim is chosen that a concurrent create already took.
+    // Preemptions of one pool take turns on its lock, and each terminates what it sees
+    // after the one before it committed: the nodes holding spot work are read again, so
+    // that no victim is chosen that a concurrent create already took.
+    if pool.policy.placer != PlacerMode::PoolLease {
+        lock_pool(app, conn, &pool.id).await?;
+    }
     app.capacity.forget(spot_nodes).await;
     let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, now).await?;
     let mut attempt = sqlx::Connection::begin(&mut *conn).await?;
     if preempt::make_room(app, &mut attempt, pool, r, &snapshot, now).await? {
         // The terminations changed what is free: place on what the transaction sees.
         let freed = snapshot.read_again(&mut attempt, spot_nodes).await?;
-        if let Decided::Chosen(chosen) = decide_on(app, pool, r, &freed).await?
+        if let Decided::Chosen(chosen) = decide_on(app, &mut attempt, pool, r, &freed).await?
             && let Attempt::Placed = book(app, &mut attempt, r, chosen, now).await?
         {
             attempt.commit().await?;
@@ -323,7 +328,7 @@ async fn node_has_room(
 ) -> Result<bool> {
     let Some(node) = sqlx::query(&format!(
         "SELECT host_vcpu, host_memory_gib, host_hugepages_1gi, lost_at FROM nodes WHERE id = $1{}",
-        app.store.for_update()
+        app.store.for_turn()
     ))
     .bind(node_id)
     .fetch_optional(&mut *conn)
