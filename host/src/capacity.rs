@@ -33,6 +33,7 @@
 //! This module imports nothing from the booking engine, the reconciler or the surfaces.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex as SyncMutex};
 use std::time::Duration;
 
@@ -199,10 +200,50 @@ impl NodeCapacity {
             updated_at: String::new(),
             ..n.clone()
         };
+        fn sorted<T: Clone + Ord>(items: &[T]) -> Vec<T> {
+            let mut items = items.to_vec();
+            items.sort();
+            items
+        }
         timeless(&self.node) == timeless(&other.node)
-            && self.bookings == other.bookings
-            && self.host == other.host
+            && sorted(&self.bookings) == sorted(&other.bookings)
+            && sorted(&self.host) == sorted(&other.host)
             && self.claims == other.claims
+    }
+
+    /// This node with `change` laid on: what the database holds once the transaction that
+    /// made it committed.
+    fn with_change(&self, change: &Change) -> NodeCapacity {
+        let mut bookings = self.bookings.clone();
+        let mut host = self.host.clone();
+        match change {
+            Change::Booked {
+                bookings: booked,
+                host: host_booked,
+            } => {
+                let id = booked
+                    .first()
+                    .map(|b| &b.reservation_id)
+                    .or(host_booked.as_ref().map(|h| &h.reservation_id));
+                if !bookings.iter().any(|b| Some(&b.reservation_id) == id) {
+                    bookings.extend(booked.iter().cloned());
+                    host.extend(host_booked.iter().cloned());
+                }
+            }
+            Change::Ended { reservation_id } => {
+                bookings.retain(|b| b.reservation_id != *reservation_id);
+                host.retain(|h| h.reservation_id != *reservation_id);
+            }
+        }
+        bookings.sort_by(|a, b| {
+            (&a.unit_id, a.start_ms, &a.reservation_id).cmp(&(
+                &b.unit_id,
+                b.start_ms,
+                &b.reservation_id,
+            ))
+        });
+        host.sort_by(|a, b| (a.start_ms, &a.reservation_id).cmp(&(b.start_ms, &b.reservation_id)));
+        NodeCapacity::new(self.node.clone(), bookings, host, self.claims.clone())
     }
 
     /// How many sellable units no active booking holds at any time in `[start, end)`: an
@@ -254,7 +295,7 @@ pub fn reservation_hash(id: &str) -> u64 {
 }
 
 /// An active booking of one unit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Booked {
     pub unit_id: String,
     pub reservation_id: String,
@@ -264,7 +305,7 @@ pub struct Booked {
 }
 
 /// An active booking of host resources.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HostBooked {
     pub reservation_id: String,
     pub spot: bool,
@@ -309,16 +350,67 @@ struct PoolNodes {
     positions: HashMap<String, usize, foldhash::fast::RandomState>,
     /// Members that changed since `nodes` was assembled.
     stale: HashSet<String>,
+    /// Where the next decision that reads only part of the pool starts reading.
+    scan: Arc<AtomicUsize>,
+}
+
+/// A pool's member nodes as the view holds them ([`View::pool`]).
+pub struct PoolList {
+    /// The member nodes that exist, in the order of the member list (by node id).
+    pub nodes: Arc<Vec<Arc<NodeCapacity>>>,
+    /// Where the next decision that reads only part of the pool starts reading (a
+    /// position in `nodes`), so that such decisions take the pool's nodes in turn.
+    pub scan: Arc<AtomicUsize>,
+}
+
+/// One node as the view holds it.
+struct Held {
+    /// What the database holds, as loaded, with this replica's own commits since laid on.
+    base: Arc<NodeCapacity>,
+    /// What decisions read: `base` with the bookings decisions assumed laid over.
+    shown: Arc<NodeCapacity>,
+    /// Changes whenever `base` is replaced, so that a commit is laid only onto the base it
+    /// was made against ([`View::apply`]).
+    generation: u64,
 }
 
 struct State {
-    nodes: HashMap<String, Arc<NodeCapacity>, foldhash::fast::RandomState>,
+    nodes: HashMap<String, Held, foldhash::fast::RandomState>,
     pools: HashMap<String, PoolNodes, foldhash::fast::RandomState>,
     /// Bookings decisions assumed and have not written yet, by node: laid over what the
     /// database holds whenever the node is loaded.
     assumed: HashMap<String, Vec<OnNode>, foldhash::fast::RandomState>,
     feed: Feed,
+    /// The last generation handed out.
+    generation: u64,
 }
+
+/// A change this replica's transaction made on one node, laid onto the view when it
+/// commits ([`View::apply`]).
+#[derive(Debug, Clone)]
+pub struct Edit {
+    pub node_id: String,
+    /// The node's generation in the view, read before the transaction committed
+    /// ([`View::generations`]).
+    pub generation: u64,
+    pub change: Change,
+}
+
+/// What a transaction changed on a node.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Booked units (and host resources) for a reservation.
+    Booked {
+        bookings: Vec<Booked>,
+        host: Option<HostBooked>,
+    },
+    /// Ended every active booking of a reservation.
+    Ended { reservation_id: String },
+}
+
+/// Where the transaction's own entries in the change feed begin ([`View::since`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Since(Option<i64>);
 
 /// Bookings a decision is about to write ([`View::assume`]).
 pub struct Assumption<'a> {
@@ -394,6 +486,7 @@ impl View {
                 pools: HashMap::default(),
                 assumed: HashMap::default(),
                 feed,
+                generation: 0,
             }),
             done: Arc::default(),
             turns: SyncMutex::default(),
@@ -411,11 +504,11 @@ impl View {
         let mut conn = self.reader.acquire().await?;
         let conn = &mut *conn;
         let mut state = self.state.lock().await;
-        state.catch_up(conn, &self.done).await?;
+        state.catch_up(conn, &self.done, None).await?;
         state.load_missing(conn, ids).await?;
         Ok(ids
             .iter()
-            .filter_map(|id| state.nodes.get(id).cloned())
+            .filter_map(|id| state.nodes.get(id).map(|h| h.shown.clone()))
             .collect())
     }
 
@@ -423,11 +516,11 @@ impl View {
     /// (by node id), current as of the changes announced so far. The list is assembled
     /// once and then patched where nodes change, so a read of an unchanged pool costs the
     /// same at 20,000 nodes as at 500.
-    pub async fn pool(&self, pool_id: &str) -> Result<Arc<Vec<Arc<NodeCapacity>>>> {
+    pub async fn pool(&self, pool_id: &str) -> Result<PoolList> {
         let mut conn = self.reader.acquire().await?;
         let conn = &mut *conn;
         let mut state = self.state.lock().await;
-        state.catch_up(conn, &self.done).await?;
+        state.catch_up(conn, &self.done, None).await?;
         if !state.pools.contains_key(pool_id) {
             let ids: Vec<String> = sqlx::query_scalar(
                 "SELECT node_id FROM pool_nodes WHERE pool_id = $1 ORDER BY node_id",
@@ -442,6 +535,7 @@ impl View {
                     ids,
                     nodes: Arc::default(),
                     positions: HashMap::default(),
+                    scan: Arc::default(),
                 },
             );
         }
@@ -455,14 +549,14 @@ impl View {
             if patchable && !pool.positions.is_empty() {
                 let held = Arc::make_mut(&mut pool.nodes);
                 for id in &stale {
-                    held[pool.positions[id]] = nodes[id].clone();
+                    held[pool.positions[id]] = nodes[id].shown.clone();
                 }
             } else {
                 // First assembly, or a member that no longer exists: assemble it whole.
                 let held: Vec<Arc<NodeCapacity>> = pool
                     .ids
                     .iter()
-                    .filter_map(|id| nodes.get(id).cloned())
+                    .filter_map(|id| nodes.get(id).map(|h| h.shown.clone()))
                     .collect();
                 pool.positions = held
                     .iter()
@@ -473,7 +567,11 @@ impl View {
             }
             pool.stale.clear();
         }
-        Ok(state.pools[pool_id].nodes.clone())
+        let pool = &state.pools[pool_id];
+        Ok(PoolList {
+            nodes: pool.nodes.clone(),
+            scan: pool.scan.clone(),
+        })
     }
 
     /// Waits for pool `pool_id`'s turn to decide and assume: decisions of one pool on this
@@ -502,7 +600,7 @@ impl View {
         let mut state = self.state.lock().await;
         for (node_id, unit_ids) in assumption.members {
             let taken = state.nodes.get(*node_id).is_some_and(|held| {
-                held.bookings.iter().any(|b| {
+                held.shown.bookings.iter().any(|b| {
                     b.start_ms < assumption.end_ms
                         && b.end_ms > assumption.start_ms
                         && b.reservation_id != assumption.reservation_id
@@ -541,10 +639,7 @@ impl View {
                 .entry(node_id.to_string())
                 .or_default()
                 .push(held);
-            if let Some(current) = state.nodes.get(*node_id).cloned() {
-                let patched = state.with_assumed(&current);
-                state.replace(Arc::new(patched));
-            }
+            state.show(node_id);
             nodes.push(node_id.to_string());
         }
         Some(Assumed {
@@ -561,10 +656,75 @@ impl View {
         self.state.lock().await.mark_nodes(ids.iter().cloned());
     }
 
+    /// Where a write transaction's own entries in the change feed begin, read in it before
+    /// it changes capacity: on SQLite the last `capacity_changes` row (every row after it,
+    /// until the transaction commits, is its own, as it is the one writer); nothing on
+    /// PostgreSQL, where its announcements arrive like any other replica's.
+    pub async fn since(&self, conn: &mut AnyConnection) -> Result<Since> {
+        Ok(Since(match self.state.lock().await.feed {
+            Feed::Table { .. } => Some(
+                sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM capacity_changes")
+                    .fetch_one(conn)
+                    .await?,
+            ),
+            Feed::Notify(_) => None,
+        }))
+    }
+
+    /// The generations of `ids` in the view (0 for a node it does not hold), read before a
+    /// transaction that changes them commits: what its [`Edit`]s are laid onto.
+    pub async fn generations(&self, ids: &[String]) -> Vec<u64> {
+        let state = self.state.lock().await;
+        ids.iter()
+            .map(|id| state.nodes.get(id).map_or(0, |h| h.generation))
+            .collect()
+    }
+
+    /// Lays this replica's own committed `edits` onto the view, so the next decision need
+    /// not load those nodes again. Called right after the commit, before any other write
+    /// of this replica's can commit (on SQLite while still holding the writer's turn), with
+    /// `since` read in the transaction. An edit is laid only onto the base it was made
+    /// against (the generation it names); a node loaded or changed since is loaded again
+    /// instead. The transaction's own entries in the change feed are then passed over for
+    /// the nodes edited; every other entry is taken in as usual. If the feed cannot be read,
+    /// the edited nodes are loaded again instead.
+    pub async fn apply(&self, since: Since, edits: Vec<Edit>) {
+        let conn = self.reader.acquire().await;
+        let mut state = self.state.lock().await;
+        let edited: HashSet<String> = edits.iter().map(|e| e.node_id.clone()).collect();
+        let own = since.0.map(|since| (since, &edited));
+        let caught_up = match conn {
+            Ok(mut conn) => state.catch_up(&mut conn, &self.done, own).await,
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = caught_up {
+            tracing::warn!(error = %err, "capacity view: cannot read the change feed; loading the nodes again");
+            state.mark_nodes(edited.into_iter());
+            return;
+        }
+        for edit in edits {
+            let Some(held) = state.nodes.get(&edit.node_id) else {
+                continue;
+            };
+            if held.generation != edit.generation {
+                state.mark_nodes(std::iter::once(edit.node_id));
+                continue;
+            }
+            let base = held.base.with_change(&edit.change);
+            state.set_base(Arc::new(base));
+        }
+    }
+
     /// Compares the view with the database for `ids`: the ids of nodes whose loaded state
     /// differs from what the database holds now (empty when the view is current).
     pub async fn differences(&self, ids: &[String]) -> Result<Vec<String>> {
-        let held = self.nodes(ids).await?;
+        self.nodes(ids).await?;
+        let held: Vec<Arc<NodeCapacity>> = {
+            let state = self.state.lock().await;
+            ids.iter()
+                .filter_map(|id| state.nodes.get(id).map(|h| h.base.clone()))
+                .collect()
+        };
         let mut conn = self.reader.acquire().await?;
         let conn = &mut *conn;
         let mut fresh: HashMap<String, NodeCapacity> = HashMap::new();
@@ -600,10 +760,14 @@ impl View {
 impl State {
     /// Takes in what changed since the last look: changed nodes are dropped (and marked
     /// stale in the pools holding them), pools whose member list changed are dropped.
+    /// Ended assumptions are taken off the nodes they were laid on. With `own` (SQLite:
+    /// where a transaction of this replica's began, and the nodes whose changes by it were
+    /// laid on already), that transaction's rows for those nodes are passed over.
     async fn catch_up(
         &mut self,
         conn: &mut AnyConnection,
         done: &SyncMutex<Vec<Ended>>,
+        own: Option<(i64, &HashSet<String>)>,
     ) -> Result<()> {
         let ended = std::mem::take(&mut *done.lock().expect("capacity view assumptions"));
         for (reservation_id, nodes) in ended {
@@ -614,10 +778,10 @@ impl State {
                         self.assumed.remove(node);
                     }
                 }
+                self.show(node);
             }
-            self.mark_nodes(nodes.into_iter());
         }
-        match self.take_changes(conn).await? {
+        match self.take_changes(conn, own).await? {
             Some(changes) => {
                 for pool in &changes.pools {
                     self.pools.remove(pool);
@@ -632,16 +796,41 @@ impl State {
         Ok(())
     }
 
-    /// Puts `node` in place of the one held under its id, in the pools holding it too.
-    fn replace(&mut self, node: Arc<NodeCapacity>) {
+    /// Holds `base` as what the database holds for its node, in a new generation.
+    fn set_base(&mut self, base: Arc<NodeCapacity>) {
+        self.generation += 1;
+        let id = base.node.id.clone();
+        self.nodes.insert(
+            id.clone(),
+            Held {
+                shown: base.clone(),
+                base,
+                generation: self.generation,
+            },
+        );
+        self.show(&id);
+    }
+
+    /// Works out again what decisions read of node `id` (its base with the assumptions
+    /// on it), in the pools holding it too.
+    fn show(&mut self, id: &str) {
+        let Some(held) = self.nodes.get(id) else {
+            return;
+        };
+        let shown = match self.assumed.contains_key(id) {
+            true => Arc::new(self.with_assumed(&held.base)),
+            false => held.base.clone(),
+        };
         for pool in self.pools.values_mut() {
-            if let Some(&i) = pool.positions.get(&node.node.id)
-                && !pool.stale.contains(&node.node.id)
+            if let Some(&i) = pool.positions.get(id)
+                && !pool.stale.contains(id)
             {
-                Arc::make_mut(&mut pool.nodes)[i] = node.clone();
+                Arc::make_mut(&mut pool.nodes)[i] = shown.clone();
             }
         }
-        self.nodes.insert(node.node.id.clone(), node);
+        if let Some(held) = self.nodes.get_mut(id) {
+            held.shown = shown;
+        }
     }
 
     /// Drops `ids` so the next read loads them again.
@@ -666,11 +855,7 @@ impl State {
             .collect();
         if !missing.is_empty() {
             for node in load(conn, &missing).await? {
-                let node = match self.assumed.contains_key(&node.node.id) {
-                    true => self.with_assumed(&node),
-                    false => node,
-                };
-                self.nodes.insert(node.node.id.clone(), Arc::new(node));
+                self.set_base(Arc::new(node));
             }
         }
         Ok(())
@@ -694,7 +879,12 @@ impl State {
     }
 
     /// What changed since the last call; `None` when everything must be treated as changed.
-    async fn take_changes(&mut self, conn: &mut AnyConnection) -> Result<Option<Changes>> {
+    /// With `own`, the rows past its position for its nodes are passed over.
+    async fn take_changes(
+        &mut self,
+        conn: &mut AnyConnection,
+        own: Option<(i64, &HashSet<String>)>,
+    ) -> Result<Option<Changes>> {
         match &mut self.feed {
             Feed::Table { cursor: None } => {
                 // The first look: nothing is loaded yet, so nothing is stale; what commits
@@ -717,11 +907,21 @@ impl State {
                 .await?;
                 let mut changes = Changes::default();
                 for row in &rows {
-                    *cursor = row.get("seq");
+                    let seq: i64 = row.get("seq");
+                    *cursor = seq;
                     match row.get::<Option<String>, _>("pool_id") {
-                        Some(pool) => changes.pools.insert(pool),
-                        None => changes.nodes.insert(row.get("node_id")),
-                    };
+                        Some(pool) => {
+                            changes.pools.insert(pool);
+                        }
+                        None => {
+                            let node: String = row.get("node_id");
+                            let laid_on = own
+                                .is_some_and(|(since, nodes)| seq > since && nodes.contains(&node));
+                            if !laid_on {
+                                changes.nodes.insert(node);
+                            }
+                        }
+                    }
                 }
                 Ok(Some(changes))
             }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::booking::binding;
-use crate::booking::lifecycle::{audit_move, terminate};
+use crate::booking::lifecycle::{audit_move, commit_ended, terminate};
 use crate::booking::place;
 use crate::booking::store::{self, Reservation};
 use crate::booking::{Binding, State};
@@ -109,6 +109,7 @@ async fn advance(app: &App, r: Reservation, now: i64) -> Result<Option<(String, 
 async fn finish(app: &App, mut r: Reservation, state: State, reason: &str) -> Result<bool> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
+    let since = app.capacity.since(&mut tx).await?;
     if !terminate(&mut tx, &mut r, state, reason, now).await? {
         tx.rollback().await?;
         return Ok(false);
@@ -120,7 +121,7 @@ async fn finish(app: &App, mut r: Reservation, state: State, reason: &str) -> Re
             .await?;
     }
     audit_move(&mut tx, &r, reason, now).await?;
-    tx.commit().await?;
+    commit_ended(app, tx, since, &r).await?;
     Ok(true)
 }
 
@@ -154,10 +155,8 @@ async fn activate(app: &App, mut r: Reservation) -> Result<()> {
 }
 
 /// Freed capacity: tries the pool's pending reservations again, oldest first. `freed` are
-/// the nodes this replica just freed units on: the capacity view reads them again rather
-/// than wait for the change to be announced.
+/// the nodes this replica just freed units on, already current in its capacity view.
 pub async fn wake_pool(app: &App, pool_id: &str, freed: &[String]) -> Result<()> {
-    app.capacity.forget(freed).await;
     let pending = {
         let mut conn = app.store.pool().acquire().await?;
         store::pending_in_pool(&mut conn, pool_id).await?

@@ -63,9 +63,12 @@ impl Store {
                     .max_connections(8)
                     .after_connect(|conn, _| {
                         Box::pin(async move {
+                            // Reads map the file rather than copy pages: each commit empties
+                            // the other connections' page caches.
                             conn.execute(
                                 "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                                 PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 10000;",
+                                 PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 10000; \
+                                 PRAGMA mmap_size = 1073741824;",
                             )
                             .await?;
                             Ok(())
@@ -146,7 +149,8 @@ impl Store {
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     if conn.backend_name().eq_ignore_ascii_case("sqlite") {
-                        conn.execute("PRAGMA busy_timeout = 10000;").await?;
+                        conn.execute("PRAGMA busy_timeout = 10000; PRAGMA mmap_size = 1073741824;")
+                            .await?;
                     }
                     Ok(())
                 })
@@ -180,6 +184,13 @@ impl Store {
 impl Tx {
     pub async fn commit(self) -> sqlx::Result<()> {
         self.tx.commit().await
+    }
+
+    /// Commits, keeping the writer's turn (SQLite) until the returned guard drops: what
+    /// runs right after the commit runs before any other write of this process commits.
+    pub async fn commit_in_turn(self) -> sqlx::Result<Option<OwnedMutexGuard<()>>> {
+        self.tx.commit().await?;
+        Ok(self._writer)
     }
 
     /// Rolls back now, releasing the transaction's row locks before anything else runs

@@ -612,6 +612,7 @@ pub async fn report(
     let answer = view(&mut tx, &row, &r).await?;
     tx.commit().await?;
     if freed {
+        app.capacity.forget(&r.node_ids()).await;
         crate::reconciler::wake_pool(app, &r.pool_id, &r.node_ids()).await?;
     }
     Ok(answer)

@@ -288,14 +288,8 @@ async fn insert_draft(
     caller: &Principal,
     draft: &Reservation,
 ) -> Result<bool> {
-    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    match store::insert(&mut savepoint, draft).await {
-        Ok(()) => {}
-        Err(err) if crate::store::is_unique_violation(&err) => {
-            savepoint.rollback().await?;
-            return Ok(false);
-        }
-        Err(err) => return Err(err.into()),
+    if !store::insert(conn, draft).await? {
+        return Ok(false);
     }
     let entry = Entry {
         org_id: &draft.tenant_id,
@@ -305,8 +299,7 @@ async fn insert_draft(
         reason: None,
         details: Some(json!({ "request": draft.request })),
     };
-    audit::record(&mut savepoint, caller, entry, draft.created_at).await?;
-    savepoint.commit().await?;
+    audit::record(conn, caller, entry, draft.created_at).await?;
     Ok(true)
 }
 
@@ -554,6 +547,7 @@ async fn charge_and_place(
     for attempt in 0..place::PLACE_ATTEMPTS {
         let (decided, _assumed) = place::decide(app, pool, &r).await?;
         let mut tx = app.store.begin().await?;
+        let since = app.capacity.since(&mut tx).await?;
         if stored {
             let current = store::find(&mut tx, &r.id, app.store.for_update())
                 .await?
@@ -578,10 +572,10 @@ async fn charge_and_place(
         let now = app.now_ms();
         // Place first, then charge: the rows every placement locks (node reservations, then
         // quota) are taken in the order a reclaim takes them, so the two never deadlock.
-        let placed =
+        let (placed, preempted) =
             match place::try_place(app, &mut tx, pool, &mut r, decided, attempt, now).await? {
-                place::Outcome::Placed => true,
-                place::Outcome::Pending => false,
+                place::Outcome::Placed { preempted } => (true, preempted),
+                place::Outcome::Pending => (false, Vec::new()),
                 place::Outcome::Lost(nodes) => {
                     tx.rollback().await?;
                     app.capacity.forget(&nodes).await;
@@ -610,8 +604,7 @@ async fn charge_and_place(
         };
         audit::record(&mut tx, caller, entry, now).await?;
         emit_placement(&mut tx, &r, placed, pool).await?;
-        tx.commit().await?;
-        app.capacity.forget(&r.node_ids()).await;
+        place::commit(app, tx, since, &r, &preempted, now).await?;
         return Ok(Some(r));
     }
     unreachable!("the last placement attempt never asks to decide again")

@@ -6,6 +6,7 @@ use sqlx::AnyConnection;
 
 use super::store::Reservation;
 use super::{CreateRequest, State};
+use crate::capacity::{Change, Edit, Since};
 use crate::events;
 use crate::iam::policy::Attributes;
 use crate::pools::PlacerMode;
@@ -51,11 +52,40 @@ pub(super) async fn bookable_pool(
     let pool = crate::pools::store::find_settings(conn, pool_id)
         .await?
         .ok_or_else(missing)?;
-    let offer = crate::pools::store::find_offer(conn, pool_id, tenant).await?;
+    let offer = crate::pools::store::find_terms(conn, pool_id, tenant).await?;
     if pool.archived || (pool.owner_org_id != tenant && offer.is_none()) {
         return Err(missing());
     }
     Ok((pool, offer))
+}
+
+/// Commits `tx` and lays what it changed on nodes (`changes`, by node) onto the capacity
+/// view ([`crate::capacity::View::apply`]); `since` was read in `tx` before it changed
+/// capacity.
+pub(super) async fn commit_with(
+    app: &App,
+    tx: crate::store::Tx,
+    since: Since,
+    changes: Vec<(String, Change)>,
+) -> Result<()> {
+    if changes.is_empty() {
+        return Ok(tx.commit().await?);
+    }
+    let nodes: Vec<String> = changes.iter().map(|(node, _)| node.clone()).collect();
+    let generations = app.capacity.generations(&nodes).await;
+    let edits = changes
+        .into_iter()
+        .zip(generations)
+        .map(|((node_id, change), generation)| Edit {
+            node_id,
+            generation,
+            change,
+        })
+        .collect();
+    let turn = tx.commit_in_turn().await?;
+    app.capacity.apply(since, edits).await;
+    drop(turn);
+    Ok(())
 }
 
 pub(super) async fn lock_pool(app: &App, conn: &mut AnyConnection, pool_id: &str) -> Result<()> {

@@ -115,7 +115,7 @@ pub(super) fn decide(
     };
     let size = gang.size.max(1) as usize;
     let key = gang.topology_key.as_deref().and_then(TopologyKey::parse);
-    let offer = snapshot.candidates(r, false);
+    let offer = snapshot.candidates(r, false, None);
     let mut free = vec![0u32; snapshot.len()];
     for node in offer.candidates.nodes.iter() {
         free[node.id as usize] = node.free.len;
@@ -260,6 +260,7 @@ mod tests {
             index,
             spot: Vec::new(),
             spot_reservations: Vec::new(),
+            partial: false,
         }
     }
 

@@ -5,10 +5,11 @@ use serde::Deserialize;
 use serde_json::json;
 use sqlx::AnyConnection;
 
-use super::engine::{emit, not_found};
+use super::engine::{commit_with, emit, not_found};
 use super::store::{self, ComputeReservation, Reservation};
 use super::{State, check_reservation_id, check_tenant_id};
 use crate::audit::{self, Entry};
+use crate::capacity::{Change, Since};
 use crate::iam::{Permission, Principal};
 use crate::{App, Error, Result};
 
@@ -51,6 +52,33 @@ pub async fn terminate(
     };
     emit(conn, r, kind, json!({ "reason": reason })).await?;
     Ok(true)
+}
+
+/// Commits `tx`, in which `r` was ended ([`terminate`]), and takes its bookings off the
+/// capacity view, unless its node still holds the devices (the view then loads the nodes
+/// again). `since` was read in `tx` before it changed capacity.
+pub async fn commit_ended(
+    app: &App,
+    tx: crate::store::Tx,
+    since: Since,
+    r: &Reservation,
+) -> Result<()> {
+    let nodes = r.node_ids();
+    if r.conditions.iter().any(|c| c.kind == "DevicesHeld") {
+        tx.commit().await?;
+        app.capacity.forget(&nodes).await;
+        return Ok(());
+    }
+    let changes = nodes
+        .into_iter()
+        .map(|node| {
+            let change = Change::Ended {
+                reservation_id: r.id.clone(),
+            };
+            (node, change)
+        })
+        .collect();
+    commit_with(app, tx, since, changes).await
 }
 
 /// A transition of a reservation read in this transaction found it changed: the caller
@@ -167,11 +195,12 @@ pub async fn release(
     } else {
         State::Released
     };
+    let since = app.capacity.since(&mut tx).await?;
     if !terminate(&mut tx, &mut r, state, "release", now).await? {
         return Err(changed_concurrently(&r));
     }
     audit_method(&mut tx, caller, &r, "compute-reservation.release", now).await?;
-    tx.commit().await?;
+    commit_ended(app, tx, since, &r).await?;
     crate::reconciler::wake_pool(app, &r.pool_id, &r.node_ids()).await?;
     Ok(r.view())
 }
@@ -205,11 +234,12 @@ pub async fn cancel(
             )));
         }
     }
+    let since = app.capacity.since(&mut tx).await?;
     if !terminate(&mut tx, &mut r, State::Cancelled, "cancel", now).await? {
         return Err(changed_concurrently(&r));
     }
     audit_method(&mut tx, caller, &r, "compute-reservation.cancel", now).await?;
-    tx.commit().await?;
+    commit_ended(app, tx, since, &r).await?;
     crate::reconciler::wake_pool(app, &r.pool_id, &r.node_ids()).await?;
     Ok(r.view())
 }

@@ -17,16 +17,22 @@
 use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
-use super::engine::{emit, lock_pool, mark_pending, mark_placed, older_pending_exists};
+use super::engine::{
+    commit_with, emit, lock_pool, mark_pending, mark_placed, older_pending_exists,
+};
 use super::placement::{Placer, Refusal, Snapshot, check_choice};
 use super::preempt;
 use super::store::{self, Member, Reservation};
 use super::{HostBooking, State};
-use crate::capacity::{Assumed, Assumption};
+use crate::capacity::{Assumed, Assumption, Booked, Change, HostBooked, Since};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::store::violates;
 use crate::{App, Error, Result};
+
+/// How many candidate nodes a placer is offered at first: enough for a good fit, few
+/// enough that a decision costs the same in a pool of 500 nodes as in one of 20,000.
+pub(super) const CANDIDATE_NODES: usize = 256;
 
 /// How many times a placement decides again after losing to a commit its view had not seen.
 pub(super) const PLACE_ATTEMPTS: u32 = 3;
@@ -63,8 +69,9 @@ pub(super) enum Attempt {
 
 /// What placing a reservation in a transaction came to.
 pub(super) enum Outcome {
-    /// Placed, with its bookings written.
-    Placed,
+    /// Placed, with its bookings written; spot work terminated to make room on
+    /// `preempted` (nodes).
+    Placed { preempted: Vec<String> },
     /// Marked `pending` (`Unschedulable` or `Queued`).
     Pending,
     /// The decision lost to a commit the view had not seen: roll back, forget these nodes
@@ -130,28 +137,37 @@ async fn decide_on(
     };
     Ok(match decided {
         Ok(chosen) => Decided::Chosen(chosen),
+        // Spot work gives way only to work that is not spot.
         Err(reason) => Decided::NoFit {
             reason,
-            spot_nodes: snapshot.nodes_holding_spot(),
+            spot_nodes: match r.spot {
+                true => Vec::new(),
+                false => snapshot.nodes_holding_spot(),
+            },
         },
     })
 }
 
 /// One node for `r`: the placer's answer, checked against what it was offered; or why
-/// it does not fit.
+/// it does not fit. The placer is offered the first [`CANDIDATE_NODES`] candidate nodes
+/// from where the pool's last decision stopped, and all of them only if it refuses those.
 fn decide_one(
     placer: &dyn Placer,
     r: &Reservation,
     snapshot: &Snapshot,
 ) -> Result<std::result::Result<Chosen, String>> {
-    let offer = snapshot.candidates(r, false);
+    let mut offer = snapshot.candidates(r, false, Some(CANDIDATE_NODES));
     // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.
-    let (choice, decided_by) =
+    let (choice, decided_by) = loop {
         match tokio::task::block_in_place(|| placer.place(&offer.request, &offer.candidates)) {
-            Ok(decision) => decision,
+            Ok(decision) => break decision,
+            Err(Refusal::Unschedulable(_)) if offer.partial => {
+                offer = snapshot.candidates(r, false, None);
+            }
             Err(Refusal::Unschedulable(reason)) => return Ok(Err(reason)),
             Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
-        };
+        }
+    };
     if let Err(message) = check_choice(&offer.request, &offer.candidates, &choice) {
         return Err(Error::PolicyFailed(crate::policy::Failure {
             plugin_id: placer.id(),
@@ -201,7 +217,9 @@ pub(super) async fn try_place(
     let (reason, spot_nodes) = match decided {
         Decided::Chosen(chosen) => {
             return match book(app, conn, r, chosen, now).await? {
-                Attempt::Placed => Ok(Outcome::Placed),
+                Attempt::Placed => Ok(Outcome::Placed {
+                    preempted: Vec::new(),
+                }),
                 Attempt::Lost(nodes) if attempt + 1 < PLACE_ATTEMPTS => Ok(Outcome::Lost(nodes)),
                 Attempt::Lost(nodes) => {
                     app.capacity.forget(&nodes).await;
@@ -212,11 +230,10 @@ pub(super) async fn try_place(
         }
         Decided::NoFit { reason, spot_nodes } => (reason, spot_nodes),
     };
-    if !r.spot
-        && !spot_nodes.is_empty()
-        && preempt_and_place(app, conn, pool, r, &spot_nodes, now).await?
-    {
-        return Ok(Outcome::Placed);
+    if !spot_nodes.is_empty() && preempt_and_place(app, conn, pool, r, &spot_nodes, now).await? {
+        return Ok(Outcome::Placed {
+            preempted: spot_nodes,
+        });
     }
     mark_pending(r, queued, reason, now);
     Ok(Outcome::Pending)
@@ -298,13 +315,14 @@ pub(super) async fn book(
             now,
         )
         .await;
-        match written {
-            Ok(()) => {}
-            Err(err) if violates(&err, "bookings_no_overlap") => {
-                savepoint.rollback().await?;
-                return Ok(Attempt::Lost(nodes(&members)));
-            }
+        let lost = match written {
+            Ok(written) => !written,
+            Err(err) if violates(&err, "bookings_no_overlap") => true,
             Err(err) => return Err(err.into()),
+        };
+        if lost {
+            savepoint.rollback().await?;
+            return Ok(Attempt::Lost(nodes(&members)));
         }
     }
     savepoint.commit().await?;
@@ -393,15 +411,17 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
         // Read after the locks: the bookings written below start no earlier than this.
         let now = app.now_ms();
         let before = r.conditions.clone();
-        let placed = match try_place(app, &mut tx, &pool, &mut r, decided, attempt, now).await? {
-            Outcome::Placed => true,
-            Outcome::Pending => false,
-            Outcome::Lost(nodes) => {
-                tx.rollback().await?;
-                app.capacity.forget(&nodes).await;
-                continue;
-            }
-        };
+        let since = app.capacity.since(&mut tx).await?;
+        let (placed, preempted) =
+            match try_place(app, &mut tx, &pool, &mut r, decided, attempt, now).await? {
+                Outcome::Placed { preempted } => (true, preempted),
+                Outcome::Pending => (false, Vec::new()),
+                Outcome::Lost(nodes) => {
+                    tx.rollback().await?;
+                    app.capacity.forget(&nodes).await;
+                    continue;
+                }
+            };
         if !placed
             && r.conditions
                 .iter()
@@ -430,9 +450,60 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
             };
             crate::audit::record(&mut tx, &crate::iam::Principal::system(), entry, now).await?;
         }
-        tx.commit().await?;
-        app.capacity.forget(&r.node_ids()).await;
+        commit(app, tx, since, &r, &preempted, now).await?;
         return Ok(placed);
     }
     Ok(false)
+}
+
+/// Commits `tx`, in which `r` was placed at `now` (or marked pending), and lays the
+/// bookings it wrote onto the capacity view. Where spot work was terminated, the view
+/// loads the nodes again instead.
+pub(super) async fn commit(
+    app: &App,
+    tx: crate::store::Tx,
+    since: Since,
+    r: &Reservation,
+    preempted: &[String],
+    now: i64,
+) -> Result<()> {
+    let nodes = r.node_ids();
+    if nodes.is_empty() || !preempted.is_empty() {
+        tx.commit().await?;
+        app.capacity
+            .forget(&[nodes, preempted.to_vec()].concat())
+            .await;
+        return Ok(());
+    }
+    let start = r.start_ms.max(now);
+    let changes = r
+        .members
+        .iter()
+        .map(|member| {
+            let change = Change::Booked {
+                bookings: member
+                    .unit_ids
+                    .iter()
+                    .map(|unit_id| Booked {
+                        unit_id: unit_id.clone(),
+                        reservation_id: r.id.clone(),
+                        spot: r.spot,
+                        start_ms: start,
+                        end_ms: r.end_ms,
+                    })
+                    .collect(),
+                host: (r.resources != HostBooking::default()).then(|| HostBooked {
+                    reservation_id: r.id.clone(),
+                    spot: r.spot,
+                    vcpu: r.resources.vcpu,
+                    memory_gib: r.resources.memory_gib,
+                    hugepages_1gi: r.resources.hugepages_1gi,
+                    start_ms: start,
+                    end_ms: r.end_ms,
+                }),
+            };
+            (member.node_id.clone(), change)
+        })
+        .collect();
+    commit_with(app, tx, since, changes).await
 }

@@ -5,12 +5,13 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sqlx::AnyConnection;
 
 use super::store::Reservation;
 use super::{DeviceRequest, HostBooking};
-use crate::capacity::{Booked, NodeCapacity};
+use crate::capacity::{Booked, NodeCapacity, PoolList};
 use crate::inventory::nodes::Node;
 use crate::inventory::{DeviceClass, Unit, labels_match};
 use crate::node_reservations::may_place;
@@ -165,6 +166,8 @@ pub struct Candidacy {
     pub spot: Vec<SpotCandidate>,
     /// The spot reservation behind each entry of `spot`.
     pub spot_reservations: Vec<String>,
+    /// Whether the pool was read only in part ([`Snapshot::candidates`] with a limit).
+    pub partial: bool,
 }
 
 /// The pool's nodes as the capacity view holds them, read over one window: what a decision
@@ -172,6 +175,8 @@ pub struct Candidacy {
 /// are in it but never candidates.
 pub struct Snapshot {
     nodes: Arc<Vec<Arc<NodeCapacity>>>,
+    /// Where a decision that reads only part of the pool starts ([`PoolList::scan`]).
+    scan: Arc<AtomicUsize>,
     /// The reservation deciding: its own bookings do not hold anything against it.
     own: String,
     own_hash: u64,
@@ -226,8 +231,13 @@ impl Snapshot {
         end: i64,
         now: i64,
     ) -> Result<Snapshot> {
-        let nodes = app.capacity.pool(pool_id).await?;
-        Ok(Snapshot::of(nodes, own, start, end, now))
+        Ok(Snapshot::of(
+            app.capacity.pool(pool_id).await?,
+            own,
+            start,
+            end,
+            now,
+        ))
     }
 
     /// The pool's nodes as the capacity view holds them, without a window: what a request
@@ -259,25 +269,20 @@ impl Snapshot {
                 None => Some(held.clone()),
             })
             .collect();
+        let nodes = PoolList {
+            nodes: Arc::new(nodes),
+            scan: self.scan.clone(),
+        };
         Ok(Snapshot::of(
-            Arc::new(nodes),
-            &self.own,
-            self.start,
-            self.end,
-            self.now,
+            nodes, &self.own, self.start, self.end, self.now,
         ))
     }
 
     /// `nodes` read over the window `[start, end)`.
-    pub fn of(
-        nodes: Arc<Vec<Arc<NodeCapacity>>>,
-        own: &str,
-        start: i64,
-        end: i64,
-        now: i64,
-    ) -> Snapshot {
+    pub fn of(nodes: PoolList, own: &str, start: i64, end: i64, now: i64) -> Snapshot {
         Snapshot {
-            nodes,
+            nodes: nodes.nodes,
+            scan: nodes.scan,
             own: own.to_string(),
             own_hash: crate::capacity::reservation_hash(own),
             start,
@@ -439,7 +444,18 @@ impl Snapshot {
     /// With `preempting`, a unit held by nothing but one spot booking is not free but goes to
     /// that booking's entry in `spot` (its run of units follows its node's free run), and a
     /// node with such units is a candidate even when nothing on it is free.
-    pub fn candidates(&self, reservation: &Reservation, preempting: bool) -> Candidacy {
+    ///
+    /// With `limit`, a pool of more nodes than that is read only until `limit` candidate
+    /// nodes are found, starting where the previous such read of the pool stopped
+    /// ([`PoolList::scan`]): a decision then costs the same however large the pool, and the
+    /// pool's nodes are offered in turn. [`Candidacy::partial`] says whether nodes were
+    /// left unread.
+    pub fn candidates(
+        &self,
+        reservation: &Reservation,
+        preempting: bool,
+        limit: Option<usize>,
+    ) -> Candidacy {
         let request = &reservation.request;
         let mut models: Vec<String> = Vec::new();
         let intern = |model: &str, models: &mut Vec<String>| -> u32 {
@@ -477,7 +493,17 @@ impl Snapshot {
             index: Vec::new(),
             spot: Vec::new(),
             spot_reservations: Vec::new(),
+            partial: false,
         };
+        let len = self.nodes.len();
+        let limit = limit.filter(|l| *l < len);
+        let first = match limit {
+            Some(_) => self.scan.load(Ordering::Relaxed) % len,
+            None => 0,
+        };
+        if let Some(limit) = limit {
+            out.candidates.reserve(limit, limit * 8);
+        }
         // Units a placement on one node must have, in all: a node with fewer usable ones
         // cannot take the request and is not offered.
         let wanted: usize = request
@@ -489,7 +515,13 @@ impl Snapshot {
         let mut usable: Vec<bool> = Vec::new();
         let mut node_models: Vec<u32> = Vec::new();
         let mut loads: Vec<DomainLoad> = Vec::new();
-        for (n, capacity) in self.nodes.iter().enumerate() {
+        for n in (first..len).chain(0..first) {
+            if limit.is_some_and(|l| out.candidates.nodes.len() >= l) {
+                self.scan.store(n, Ordering::Relaxed);
+                out.partial = true;
+                break;
+            }
+            let capacity = &self.nodes[n];
             let node = capacity.node.as_ref();
             // A lost node gets no new placements until it reports again.
             if capacity.is_lost() {

@@ -34,7 +34,7 @@ pub(super) async fn make_room(
     snapshot: &Snapshot,
     now: i64,
 ) -> Result<bool> {
-    let offer = snapshot.candidates(r, true);
+    let offer = snapshot.candidates(r, true, None);
     if offer.spot.is_empty() {
         return Ok(false);
     }

@@ -385,11 +385,12 @@ pub async fn page(
     load(conn, rows).await
 }
 
-/// Writes a new reservation (a draft).
-pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<()> {
-    sqlx::query(&format!(
+/// Writes a new reservation (a draft); `false` (nothing written) when its id exists.
+pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<bool> {
+    let done = sqlx::query(&format!(
         "INSERT INTO compute_reservations ({COLUMNS})
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)"
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)
+         ON CONFLICT DO NOTHING"
     ).replace("INSERT INTO compute_reservations (", "INSERT INTO compute_reservations (position, ")
     .replace("VALUES ($1,", "VALUES ((SELECT COALESCE(MAX(position), 0) + 1 FROM compute_reservations), $1,"))
     .bind(&r.id)
@@ -421,7 +422,7 @@ pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<(
     .bind(r.version)
     .execute(conn)
     .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }
 
 fn binding_str(binding: Binding) -> &'static str {
@@ -471,9 +472,11 @@ pub async fn update(conn: &mut AnyConnection, r: &mut Reservation) -> Result<boo
 
 /// Books `units` of `node_id` and its host resources for the reservation over its window,
 /// from `now` at the earliest: a booking never starts before the moment it is written, so
-/// a reservation placed late never overlaps the holder that just left. Each unit's booking carries the terms metering needs, frozen as they are now: the price
-/// per GPU-hour of the tenant's offer for the pool (0 without a price), the unit's model and
-/// device class, and the provider's share.
+/// a reservation placed late never overlaps the holder that just left. Each unit's booking
+/// carries the terms metering needs, frozen as they are now: the price per GPU-hour of the
+/// tenant's offer for the pool (0 without a price), the unit's model and device class, and
+/// the provider's share. `false` when a unit is no longer on the node: the caller rolls
+/// back what was written.
 pub async fn insert_bookings(
     conn: &mut AnyConnection,
     r: &Reservation,
@@ -481,35 +484,34 @@ pub async fn insert_bookings(
     units: &[String],
     provider_share_bps: u32,
     now: i64,
-) -> sqlx::Result<()> {
+) -> sqlx::Result<bool> {
     let start = r.start_ms.max(now);
-    let price: Option<Option<i64>> = sqlx::query_scalar(
-        "SELECT price_per_gpu_hour_minor FROM offers WHERE pool_id = $1 AND tenant_id = $2",
-    )
-    .bind(&r.pool_id)
-    .bind(&r.tenant_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let price = price.flatten().unwrap_or(0);
-    for unit in units {
-        sqlx::query(
-            "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active,
-                                   price_per_gpu_hour_minor, model, device_class, provider_share_bps)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
-                     (SELECT model FROM units WHERE node_id = $2 AND id = $3),
-                     (SELECT device_class FROM units WHERE node_id = $2 AND id = $3), $9)",
-        )
+    // One statement for every unit, with the price of the tenant's offer (none: the pool's
+    // owner books its own capacity) and what the unit is.
+    let sql = format!(
+        "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active,
+                               price_per_gpu_hour_minor, model, device_class, provider_share_bps)
+         SELECT $1, u.node_id, u.id, $3, $4, $5, $6,
+                COALESCE((SELECT price_per_gpu_hour_minor FROM offers WHERE pool_id = $7 AND tenant_id = $8), 0),
+                u.model, u.device_class, $9
+         FROM units u WHERE u.node_id = $2 AND u.id IN ({})",
+        crate::store::placeholders(10, units.len())
+    );
+    let mut query = sqlx::query(&sql)
         .bind(&r.id)
         .bind(node_id)
-        .bind(unit)
         .bind(start)
         .bind(r.end_ms)
         .bind(r.spot)
         .bind(true)
-        .bind(price)
-        .bind(i64::from(provider_share_bps))
-        .execute(&mut *conn)
-        .await?;
+        .bind(&r.pool_id)
+        .bind(&r.tenant_id)
+        .bind(i64::from(provider_share_bps));
+    for unit in units {
+        query = query.bind(unit);
+    }
+    if query.execute(&mut *conn).await?.rows_affected() != units.len() as u64 {
+        return Ok(false);
     }
     let host = r.resources;
     if host != HostBooking::default() {
@@ -528,7 +530,7 @@ pub async fn insert_bookings(
         .execute(&mut *conn)
         .await?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Ends a reservation's bookings at `now` (or drops them if they had not started): they

@@ -352,7 +352,7 @@ pub async fn visible_to(conn: &mut AnyConnection, pool: &Pool, org: &str) -> Res
     if org == pool.owner_org_id || org == crate::iam::OPS_ORG {
         return Ok(true);
     }
-    Ok(find_offer(conn, &pool.id, org).await?.is_some())
+    Ok(find_terms(conn, &pool.id, org).await?.is_some())
 }
 
 /// One pool the caller sees.
@@ -416,7 +416,7 @@ pub async fn put_offer(
             format!("unknown org {}", new.tenant_id),
         ));
     }
-    let existed = find_offer(&mut tx, pool_id, &new.tenant_id)
+    let existed = find_terms(&mut tx, pool_id, &new.tenant_id)
         .await?
         .is_some();
     let result = if existed {
@@ -501,6 +501,19 @@ pub async fn find_offer(
     pool_id: &str,
     tenant_id: &str,
 ) -> Result<Option<Offer>> {
+    let Some(mut offer) = find_terms(conn, pool_id, tenant_id).await? else {
+        return Ok(None);
+    };
+    offer.used = quota_used(conn, pool_id, tenant_id).await?;
+    Ok(Some(offer))
+}
+
+/// The offer of `pool_id` to `tenant_id` as the pool's manager set it: its `used` is empty.
+pub async fn find_terms(
+    conn: &mut AnyConnection,
+    pool_id: &str,
+    tenant_id: &str,
+) -> Result<Option<Offer>> {
     let Some(r) = sqlx::query(
         "SELECT pool_id, tenant_id, quota, price_per_gpu_hour_minor, budget_minor, created_at, updated_at
          FROM offers WHERE pool_id = $1 AND tenant_id = $2",
@@ -512,13 +525,12 @@ pub async fn find_offer(
     else {
         return Ok(None);
     };
-    let used = quota_used(conn, pool_id, tenant_id).await?;
     let quota: String = r.get("quota");
     Ok(Some(Offer {
         pool_id: r.get("pool_id"),
         tenant_id: r.get("tenant_id"),
         quota: serde_json::from_str(&quota).map_err(|e| anyhow::anyhow!("stored quota: {e}"))?,
-        used,
+        used: BTreeMap::new(),
         price_per_gpu_hour: r.get("price_per_gpu_hour_minor"),
         budget: r.get("budget_minor"),
         created_at: format_ms(r.get("created_at")),

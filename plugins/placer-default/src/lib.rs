@@ -350,6 +350,32 @@ pub struct Candidates {
 }
 
 impl Candidates {
+    /// Makes room for `nodes` more nodes with `units` more units (and two domains a node)
+    /// without growing the columns as they are filled.
+    pub fn reserve(&mut self, nodes: usize, units: usize) {
+        let n = &mut self.nodes;
+        for column in [
+            &mut n.id,
+            &mut n.busy_units,
+            &mut n.total_units,
+            &mut n.domains_start,
+            &mut n.domains_len,
+            &mut n.free_start,
+            &mut n.free_len,
+        ] {
+            column.reserve(nodes);
+        }
+        let d = &mut self.domains;
+        for column in [&mut d.domain, &mut d.busy, &mut d.total] {
+            column.reserve(nodes * 2);
+        }
+        let u = &mut self.units;
+        for column in [&mut u.model, &mut u.nvlink_domain, &mut u.memory_gib] {
+            column.reserve(units);
+        }
+        u.class.reserve(units);
+    }
+
     /// Appends node `id` with its domain loads and free units; the units get the next ids.
     pub fn push_node(
         &mut self,
