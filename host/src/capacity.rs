@@ -24,6 +24,17 @@
 //!   dropped connection) every node is treated as stale, so a missed notification can never
 //!   leave the view behind for good.
 //!
+//! This replica's own placements and releases are laid onto the view as they commit
+//! ([`View::apply`]): the bookings written (or ended) are added to (or taken off) the node as
+//! held, so the next decision need not load it again. An edit is laid only onto the node as
+//! it was before the transaction committed (its generation, [`View::generations`]); a node
+//! loaded or changed meanwhile is loaded again instead. On SQLite the transaction's own
+//! `capacity_changes` rows are then passed over for the nodes edited (they follow the
+//! position read in the transaction, [`View::since`], and nothing else writes until the
+//! edit is laid on); on PostgreSQL announcements carry the writing transaction's id
+//! (migration `0013_capacity_writer`), and those of a transaction laid on are passed over
+//! for the nodes edited, whether they arrive before the edit or after it.
+//!
 //! Nodes are loaded on first use and then kept. Nothing about correctness depends on the
 //! view being fresh: the database still refuses every overlapping booking, placements
 //! re-read node-reservation rights under a lock before they write, and a decision that
@@ -338,6 +349,8 @@ struct Heard {
 struct Changes {
     nodes: HashSet<String>,
     pools: HashSet<String>,
+    /// PostgreSQL: nodes announced with the transaction that changed them.
+    written: HashSet<(String, i64)>,
 }
 
 /// The nodes of one pool, in the order of its member list (by node id).
@@ -383,7 +396,14 @@ struct State {
     feed: Feed,
     /// The last generation handed out.
     generation: u64,
+    /// PostgreSQL: this replica's transactions whose changes were laid onto the view, with
+    /// the nodes laid on and when; their announcements for those nodes are passed over.
+    laid_on: HashMap<i64, (std::time::Instant, HashSet<String>), foldhash::fast::RandomState>,
 }
+
+/// How long announcements of a transaction laid onto the view are passed over: far longer
+/// than one takes to arrive.
+const LAID_ON_FOR: Duration = Duration::from_secs(30);
 
 /// A change this replica's transaction made on one node, laid onto the view when it
 /// commits ([`View::apply`]).
@@ -408,9 +428,14 @@ pub enum Change {
     Ended { reservation_id: String },
 }
 
-/// Where the transaction's own entries in the change feed begin ([`View::since`]).
+/// How a transaction's own entries in the change feed are told apart ([`View::since`]).
 #[derive(Debug, Clone, Copy)]
-pub struct Since(Option<i64>);
+pub enum Since {
+    /// SQLite: the last `capacity_changes` row before the transaction wrote.
+    Row(i64),
+    /// PostgreSQL: the transaction's id, which its announcements carry.
+    Transaction(i64),
+}
 
 /// Bookings a decision is about to write ([`View::assume`]).
 pub struct Assumption<'a> {
@@ -424,9 +449,8 @@ pub struct Assumption<'a> {
     pub host: (i64, i64, i64),
 }
 
-/// Assumed bookings held in the view; dropping it ends them and forgets their nodes, so
-/// the next read loads what the database holds (the written bookings, or nothing after a
-/// rollback).
+/// Assumed bookings held in the view; dropping it ends them, and the view shows their
+/// nodes as held (with the written bookings once laid on, or without after a rollback).
 pub struct Assumed {
     reservation_id: String,
     nodes: Vec<String>,
@@ -466,6 +490,7 @@ pub struct View {
     /// Its own connections: a decision reads the view while its transaction holds one of
     /// the store's.
     reader: AnyPool,
+    backend: Backend,
 }
 
 impl View {
@@ -487,10 +512,12 @@ impl View {
                 assumed: HashMap::default(),
                 feed,
                 generation: 0,
+                laid_on: HashMap::default(),
             }),
             done: Arc::default(),
             turns: SyncMutex::default(),
             reader: store.reader(2),
+            backend: store.backend(),
         }
     }
 
@@ -593,9 +620,9 @@ impl View {
     /// assumed by another decision) already takes one of its units over its window: the
     /// decision was made on a view that has changed since, and should be made again.
     ///
-    /// The assumed bookings last until the nodes are next loaded: when the returned guard
-    /// is dropped (after the write committed or rolled back) they are forgotten, and the
-    /// next read takes what the database holds.
+    /// The assumed bookings last until the returned guard is dropped (after the write
+    /// committed, and its bookings were laid onto the view, or rolled back); the view
+    /// then shows the nodes as held, without them.
     pub async fn assume(&self, assumption: Assumption<'_>) -> Option<Assumed> {
         let mut state = self.state.lock().await;
         for (node_id, unit_ids) in assumption.members {
@@ -656,19 +683,23 @@ impl View {
         self.state.lock().await.mark_nodes(ids.iter().cloned());
     }
 
-    /// Where a write transaction's own entries in the change feed begin, read in it before
-    /// it changes capacity: on SQLite the last `capacity_changes` row (every row after it,
-    /// until the transaction commits, is its own, as it is the one writer); nothing on
-    /// PostgreSQL, where its announcements arrive like any other replica's.
+    /// How a write transaction's own entries in the change feed will be told apart, read
+    /// in it before it changes capacity: on SQLite the last `capacity_changes` row (every
+    /// row after it, until the transaction commits, is its own, as it is the one writer);
+    /// on PostgreSQL the transaction's id, which its announcements carry.
     pub async fn since(&self, conn: &mut AnyConnection) -> Result<Since> {
-        Ok(Since(match self.state.lock().await.feed {
-            Feed::Table { .. } => Some(
+        Ok(match self.backend {
+            Backend::Sqlite => Since::Row(
                 sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM capacity_changes")
                     .fetch_one(conn)
                     .await?,
             ),
-            Feed::Notify(_) => None,
-        }))
+            Backend::Postgres => Since::Transaction(
+                sqlx::query_scalar("SELECT CAST(txid_current() AS BIGINT)")
+                    .fetch_one(conn)
+                    .await?,
+            ),
+        })
     }
 
     /// The generations of `ids` in the view (0 for a node it does not hold), read before a
@@ -692,7 +723,18 @@ impl View {
         let conn = self.reader.acquire().await;
         let mut state = self.state.lock().await;
         let edited: HashSet<String> = edits.iter().map(|e| e.node_id.clone()).collect();
-        let own = since.0.map(|since| (since, &edited));
+        let own = match since {
+            Since::Row(row) => Some((row, &edited)),
+            Since::Transaction(tx) => {
+                // Its announcements may arrive before or after this: both are passed over.
+                let now = std::time::Instant::now();
+                state
+                    .laid_on
+                    .retain(|_, (at, _)| now.duration_since(*at) < LAID_ON_FOR);
+                state.laid_on.insert(tx, (now, edited.clone()));
+                None
+            }
+        };
         let caught_up = match conn {
             Ok(mut conn) => state.catch_up(&mut conn, &self.done, own).await,
             Err(err) => Err(err.into()),
@@ -931,7 +973,17 @@ impl State {
                     heard.changes = Changes::default();
                     return Ok(None);
                 }
-                Ok(Some(std::mem::take(&mut heard.changes)))
+                let mut changes = std::mem::take(&mut heard.changes);
+                for (node, tx) in std::mem::take(&mut changes.written) {
+                    let laid_on = self
+                        .laid_on
+                        .get(&tx)
+                        .is_some_and(|(_, nodes)| nodes.contains(&node));
+                    if !laid_on {
+                        changes.nodes.insert(node);
+                    }
+                }
+                Ok(Some(changes))
             }
         }
     }
@@ -1036,11 +1088,15 @@ async fn listen(url: String, heard: Arc<SyncMutex<Heard>>) {
                         match listener.try_recv().await {
                             Ok(Some(note)) => {
                                 let mut h = heard.lock().expect("capacity listener state");
-                                let id = note.payload().to_string();
+                                let payload = note.payload();
                                 if note.channel() == POOLS_CHANNEL {
-                                    h.changes.pools.insert(id);
+                                    h.changes.pools.insert(payload.to_string());
+                                } else if let Some((node, tx)) = payload.rsplit_once(' ')
+                                    && let Ok(tx) = tx.parse()
+                                {
+                                    h.changes.written.insert((node.to_string(), tx));
                                 } else {
-                                    h.changes.nodes.insert(id);
+                                    h.changes.nodes.insert(payload.to_string());
                                 }
                             }
                             Ok(None) => {
@@ -1059,5 +1115,96 @@ async fn listen(url: String, heard: Arc<SyncMutex<Heard>>) {
         }
         heard.lock().expect("capacity listener state").listening = false;
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{DeviceClass, HostResources, Unit, UnitClass};
+
+    fn node(units: usize) -> Arc<Node> {
+        Arc::new(Node {
+            id: "n1".into(),
+            org_id: "acme".into(),
+            region: None,
+            labels: Default::default(),
+            host: HostResources {
+                vcpu: 64,
+                memory_gib: 512,
+                hugepages_1gi: 0,
+            },
+            units: (0..units)
+                .map(|i| Unit {
+                    id: format!("g{i}"),
+                    class: UnitClass::VfioGroup,
+                    device_class: DeviceClass::Gpu,
+                    model: "H100".into(),
+                    memory_gib: 80,
+                    nvlink_domain: Some("0".into()),
+                    sellable: true,
+                    labels: Default::default(),
+                })
+                .collect(),
+            topology_gen: 1,
+            single_class: true,
+            created_at: String::new(),
+            updated_at: String::new(),
+            last_seen_at: String::new(),
+            conditions: Vec::new(),
+        })
+    }
+
+    fn booked(unit: &str, reservation: &str) -> Booked {
+        Booked {
+            unit_id: unit.into(),
+            reservation_id: reservation.into(),
+            spot: false,
+            start_ms: 0,
+            end_ms: 100,
+        }
+    }
+
+    fn host(reservation: &str) -> HostBooked {
+        HostBooked {
+            reservation_id: reservation.into(),
+            spot: false,
+            vcpu: 8,
+            memory_gib: 64,
+            hugepages_1gi: 0,
+            start_ms: 0,
+            end_ms: 100,
+        }
+    }
+
+    #[test]
+    fn a_laid_on_commit_holds_what_a_fresh_load_would() {
+        let held = NodeCapacity::new(node(4), vec![booked("g2", "r1")], vec![host("r1")], vec![]);
+        let placed = held.with_change(&Change::Booked {
+            bookings: vec![booked("g0", "r2"), booked("g1", "r2")],
+            host: Some(host("r2")),
+        });
+        // As loaded: bookings by unit, host bookings by start then reservation.
+        let loaded = NodeCapacity::new(
+            node(4),
+            vec![booked("g0", "r2"), booked("g1", "r2"), booked("g2", "r1")],
+            vec![host("r1"), host("r2")],
+            vec![],
+        );
+        assert!(placed.same_capacity(&loaded));
+        assert_eq!(placed.bookings, loaded.bookings);
+        assert_eq!(placed.free_units(0, 100), 1);
+        // Laid on twice (the node was loaded with it already): booked once.
+        let again = placed.with_change(&Change::Booked {
+            bookings: vec![booked("g0", "r2"), booked("g1", "r2")],
+            host: Some(host("r2")),
+        });
+        assert_eq!(again.bookings.len(), 3);
+        assert_eq!(again.host.len(), 2);
+        let released = again.with_change(&Change::Ended {
+            reservation_id: "r2".into(),
+        });
+        assert!(released.same_capacity(&held));
+        assert_eq!(released.free_units(0, 100), 3);
     }
 }

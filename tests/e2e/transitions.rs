@@ -67,11 +67,10 @@ async fn the_reconcilers_moves_are_audited_as_the_system(db: Db) {
     f.set_clocks(T0 + HOUR).await;
     f.set_clocks(T0 + 3 * HOUR).await;
     assert_eq!(f.get(&r["id"]).await["state"], "expired");
-    assert_eq!(
-        f.get(&full["id"]).await["state"],
-        "placed",
-        "placed as the capacity freed"
-    );
+    // Placed as the capacity freed; its start has passed, so the next pass may have
+    // activated it already.
+    let state = f.get(&full["id"]).await["state"].clone();
+    assert!(state == "placed" || state == "active", "{state}");
     let trail = audit(&f.servers[0]).await;
     let mine: Vec<&str> = trail
         .iter()

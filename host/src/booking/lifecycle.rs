@@ -55,8 +55,9 @@ pub async fn terminate(
 }
 
 /// Commits `tx`, in which `r` was ended ([`terminate`]), and takes its bookings off the
-/// capacity view, unless its node still holds the devices (the view then loads the nodes
-/// again). `since` was read in `tx` before it changed capacity.
+/// capacity view. A reservation bound to its node (whose binding changed too, and may keep
+/// the devices booked) is loaded again instead. `since` was read in `tx` before it
+/// changed capacity.
 pub async fn commit_ended(
     app: &App,
     tx: crate::store::Tx,
@@ -64,7 +65,7 @@ pub async fn commit_ended(
     r: &Reservation,
 ) -> Result<()> {
     let nodes = r.node_ids();
-    if r.conditions.iter().any(|c| c.kind == "DevicesHeld") {
+    if r.binding != super::Binding::Hold {
         tx.commit().await?;
         app.capacity.forget(&nodes).await;
         return Ok(());

@@ -606,20 +606,21 @@ pub async fn apply_charge(
     limits: Option<&BTreeMap<String, i64>>,
 ) -> Result<Option<String>> {
     for (resource, amount) in charge.iter().filter(|(_, a)| **a != 0) {
-        sqlx::query(
-            "INSERT INTO quota_usage (pool_id, tenant_id, resource, used) VALUES ($1, $2, $3, 0)
-             ON CONFLICT (pool_id, tenant_id, resource) DO NOTHING",
-        )
-        .bind(pool_id)
-        .bind(tenant_id)
-        .bind(resource)
-        .execute(&mut *conn)
-        .await?;
         let limit = limits.map(|l| l.get(resource).copied().unwrap_or(0));
-        let done = sqlx::query(
+        // A charge inserts the usage row or adds to it, only where it fits (usage is never
+        // below 0, so a charge above the limit never fits); a refund takes from the row its
+        // charge wrote.
+        let sql = if sign * amount > 0 {
+            "INSERT INTO quota_usage (pool_id, tenant_id, resource, used)
+             SELECT $2, $3, $4, $1 WHERE $5 IS NULL OR $1 <= $5
+             ON CONFLICT (pool_id, tenant_id, resource)
+             DO UPDATE SET used = quota_usage.used + excluded.used
+             WHERE $5 IS NULL OR quota_usage.used + excluded.used <= $5"
+        } else {
             "UPDATE quota_usage SET used = used + $1
-             WHERE pool_id = $2 AND tenant_id = $3 AND resource = $4 AND ($5 IS NULL OR used + $1 <= $5)",
-        )
+             WHERE pool_id = $2 AND tenant_id = $3 AND resource = $4 AND ($5 IS NULL OR used + $1 <= $5)"
+        };
+        let done = sqlx::query(sql)
         .bind(sign * amount)
         .bind(pool_id)
         .bind(tenant_id)
