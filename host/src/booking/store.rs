@@ -621,13 +621,13 @@ pub async fn apply_charge(
              WHERE pool_id = $2 AND tenant_id = $3 AND resource = $4 AND ($5 IS NULL OR used + $1 <= $5)"
         };
         let done = sqlx::query(sql)
-        .bind(sign * amount)
-        .bind(pool_id)
-        .bind(tenant_id)
-        .bind(resource)
-        .bind(limit)
-        .execute(&mut *conn)
-        .await?;
+            .bind(sign * amount)
+            .bind(pool_id)
+            .bind(tenant_id)
+            .bind(resource)
+            .bind(limit)
+            .execute(&mut *conn)
+            .await?;
         if done.rows_affected() == 0 {
             return Ok(Some(resource.clone()));
         }
