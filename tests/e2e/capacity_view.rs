@@ -16,13 +16,20 @@ use crate::support::{Db, T0, h100_inventory, on_both_databases};
 
 const MIN: i64 = 60_000;
 
-on_both_databases!(every_replicas_view_matches_the_database_after_random_changes);
+on_both_databases!(
+    every_replicas_view_matches_the_database_after_random_changes,
+    a_change_through_one_replica_reaches_every_replicas_view_within_a_second
+);
 
 /// Waits until every replica's view of the pool matches the database (at most 2 s).
 async fn assert_views_current(f: &Fleet, step: usize) {
+    assert_views_current_within(f, step, Duration::from_secs(2)).await;
+}
+
+async fn assert_views_current_within(f: &Fleet, step: usize, within: Duration) {
     for (i, server) in f.servers.iter().enumerate() {
         let path = format!("/v1/pools/{}/capacity-check", f.pool);
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = Instant::now() + within;
         loop {
             let (status, check) = server.admin().get(&path).await;
             assert_eq!(status, StatusCode::OK, "{check}");
@@ -166,5 +173,29 @@ async fn every_replicas_view_matches_the_database_after_random_changes(db: Db) {
         }
     }
     assert_views_current(&f, 80).await;
+    invariants::check(&f.servers[0]).await;
+}
+
+/// A placement or a release through one replica reaches every other replica's view (which
+/// holds the nodes already) within a second: on PostgreSQL three replicas, each writing in
+/// turn while the others are checked.
+async fn a_change_through_one_replica_reaches_every_replicas_view_within_a_second(db: Db) {
+    let f = fleet(db, 2, 64, json!({})).await;
+    assert_views_current(&f, 0).await;
+    let mut live: Vec<Value> = Vec::new();
+    for step in 1..=9 {
+        let writer = step % f.servers.len();
+        if step % 3 == 0 {
+            let r = live.remove(0);
+            let body = json!({ "tenantId": "tenant-a", "reservationId": r["id"] });
+            let (status, body) = rpc(&f.tenant(writer), "release", body).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        } else {
+            let r = f.create(writer, f.ask(&format!("k-{step}"), 2, None)).await;
+            assert_eq!(r["state"], "placed", "{r}");
+            live.push(r);
+        }
+        assert_views_current_within(&f, step, Duration::from_secs(1)).await;
+    }
     invariants::check(&f.servers[0]).await;
 }
