@@ -1124,35 +1124,24 @@ mod tests {
     use crate::inventory::{DeviceClass, HostResources, Unit, UnitClass};
 
     fn node(units: usize) -> Arc<Node> {
-        Arc::new(Node {
-            id: "n1".into(),
-            org_id: "acme".into(),
-            region: None,
-            labels: Default::default(),
-            host: HostResources {
-                vcpu: 64,
-                memory_gib: 512,
-                hugepages_1gi: 0,
-            },
-            units: (0..units)
-                .map(|i| Unit {
-                    id: format!("g{i}"),
-                    class: UnitClass::VfioGroup,
-                    device_class: DeviceClass::Gpu,
-                    model: "H100".into(),
-                    memory_gib: 80,
-                    nvlink_domain: Some("0".into()),
-                    sellable: true,
-                    labels: Default::default(),
-                })
-                .collect(),
-            topology_gen: 1,
-            single_class: true,
-            created_at: String::new(),
-            updated_at: String::new(),
-            last_seen_at: String::new(),
-            conditions: Vec::new(),
-        })
+        let host = HostResources {
+            vcpu: 64,
+            memory_gib: 512,
+            hugepages_1gi: 0,
+        };
+        let units = (0..units)
+            .map(|i| Unit {
+                id: format!("g{i}"),
+                class: UnitClass::VfioGroup,
+                device_class: DeviceClass::Gpu,
+                model: "H100".into(),
+                memory_gib: 80,
+                nvlink_domain: Some("0".into()),
+                sellable: true,
+                labels: Default::default(),
+            })
+            .collect();
+        Arc::new(Node::sample("n1", host, units))
     }
 
     fn booked(unit: &str, reservation: &str) -> Booked {

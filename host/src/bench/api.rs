@@ -118,9 +118,10 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
         cpu * 1000.0 / creates.max(1) as f64,
     );
     println!("  answers: {codes:?}");
+    let booked = booked.load(Ordering::Relaxed);
     println!(
-        "  pool booked at the end: {:.0} %, server resident memory {:.0} MiB",
-        booked.load(Ordering::Relaxed) as f64 * 100.0 / capacity as f64,
+        "  pool booked at the end: {:.0} % ({booked} live unit bookings), server resident memory {:.0} MiB",
+        booked as f64 * 100.0 / capacity as f64,
         server.resident_mib()?
     );
     reads(&tenant, &api, &ids).await

@@ -411,26 +411,18 @@ mod tests {
     }
 
     fn node(region: Option<&str>, labels: &[(&str, &str)]) -> Node {
+        let host = crate::inventory::HostResources {
+            vcpu: 224,
+            memory_gib: 2048,
+            hugepages_1gi: 0,
+        };
         Node {
-            id: "n".into(),
-            org_id: "acme".into(),
             region: region.map(Into::into),
             labels: labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            host: crate::inventory::HostResources {
-                vcpu: 224,
-                memory_gib: 2048,
-                hugepages_1gi: 0,
-            },
-            units: Vec::new(),
-            topology_gen: 1,
-            single_class: true,
-            created_at: String::new(),
-            updated_at: String::new(),
-            last_seen_at: String::new(),
-            conditions: Vec::new(),
+            ..Node::sample("n", host, Vec::new())
         }
     }
 

@@ -718,23 +718,14 @@ mod tests {
             sellable: true,
             labels: labels(unit_labels),
         };
+        let host = crate::inventory::HostResources {
+            vcpu: 8,
+            memory_gib: 64,
+            hugepages_1gi: 0,
+        };
         let node = Node {
-            id: "n1".into(),
-            org_id: "acme".into(),
-            region: None,
             labels: labels(&[("rack", "r1"), ("tier", "gold")]),
-            host: crate::inventory::HostResources {
-                vcpu: 8,
-                memory_gib: 64,
-                hugepages_1gi: 0,
-            },
-            units: Vec::new(),
-            topology_gen: 1,
-            single_class: true,
-            created_at: String::new(),
-            updated_at: String::new(),
-            last_seen_at: String::new(),
-            conditions: Vec::new(),
+            ..Node::sample("n1", host, Vec::new())
         };
         let ask = |pairs: &[(&str, &str)]| DeviceRequest {
             class: DeviceClass::Gpu,

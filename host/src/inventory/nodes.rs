@@ -50,6 +50,26 @@ impl Node {
     pub fn is_lost(&self) -> bool {
         self.conditions.iter().any(|c| c.kind == "NodeLost")
     }
+
+    /// A node of org `acme` with `host` resources and `units`, no region, labels or
+    /// conditions: what tests build on.
+    #[cfg(test)]
+    pub fn sample(id: &str, host: HostResources, units: Vec<Unit>) -> Node {
+        Node {
+            id: id.into(),
+            org_id: "acme".into(),
+            region: None,
+            labels: Labels::default(),
+            host,
+            units,
+            topology_gen: 1,
+            single_class: true,
+            created_at: String::new(),
+            updated_at: String::new(),
+            last_seen_at: String::new(),
+            conditions: Vec::new(),
+        }
+    }
 }
 
 /// What an inventory report did.
