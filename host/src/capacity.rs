@@ -228,19 +228,7 @@ impl NodeCapacity {
         let mut bookings = self.bookings.clone();
         let mut host = self.host.clone();
         match change {
-            Change::Booked {
-                bookings: booked,
-                host: host_booked,
-            } => {
-                let id = booked
-                    .first()
-                    .map(|b| &b.reservation_id)
-                    .or(host_booked.as_ref().map(|h| &h.reservation_id));
-                if !bookings.iter().any(|b| Some(&b.reservation_id) == id) {
-                    bookings.extend(booked.iter().cloned());
-                    host.extend(host_booked.iter().cloned());
-                }
-            }
+            Change::Booked { .. } => change.lay_on(&mut bookings, &mut host),
             Change::Ended { reservation_id } => {
                 bookings.retain(|b| b.reservation_id != *reservation_id);
                 host.retain(|h| h.reservation_id != *reservation_id);
@@ -392,7 +380,7 @@ struct State {
     pools: HashMap<String, PoolNodes, foldhash::fast::RandomState>,
     /// Bookings decisions assumed and have not written yet, by node: laid over what the
     /// database holds whenever the node is loaded.
-    assumed: HashMap<String, Vec<OnNode>, foldhash::fast::RandomState>,
+    assumed: HashMap<String, Vec<Change>, foldhash::fast::RandomState>,
     feed: Feed,
     /// The last generation handed out.
     generation: u64,
@@ -416,16 +404,77 @@ pub struct Edit {
     pub change: Change,
 }
 
-/// What a transaction changed on a node.
+/// What a transaction changed on a node (or a decision assumed it will).
 #[derive(Debug, Clone)]
 pub enum Change {
     /// Booked units (and host resources) for a reservation.
     Booked {
+        reservation_id: String,
         bookings: Vec<Booked>,
         host: Option<HostBooked>,
     },
     /// Ended every active booking of a reservation.
     Ended { reservation_id: String },
+}
+
+impl Change {
+    /// `reservation_id` booking `units` over `[start_ms, end_ms)`, with host resources
+    /// (vCPU, memory GiB, 1 GiB hugepages; none when all are 0).
+    pub fn booked(
+        reservation_id: &str,
+        spot: bool,
+        (start_ms, end_ms): (i64, i64),
+        units: &[String],
+        (vcpu, memory_gib, hugepages_1gi): (i64, i64, i64),
+    ) -> Change {
+        Change::Booked {
+            reservation_id: reservation_id.to_string(),
+            bookings: units
+                .iter()
+                .map(|unit_id| Booked {
+                    unit_id: unit_id.clone(),
+                    reservation_id: reservation_id.to_string(),
+                    spot,
+                    start_ms,
+                    end_ms,
+                })
+                .collect(),
+            host: (vcpu, memory_gib, hugepages_1gi)
+                .ne(&(0, 0, 0))
+                .then(|| HostBooked {
+                    reservation_id: reservation_id.to_string(),
+                    spot,
+                    vcpu,
+                    memory_gib,
+                    hugepages_1gi,
+                    start_ms,
+                    end_ms,
+                }),
+        }
+    }
+
+    fn reservation_id(&self) -> &str {
+        match self {
+            Change::Booked { reservation_id, .. } | Change::Ended { reservation_id } => {
+                reservation_id
+            }
+        }
+    }
+
+    /// Adds booked units and host resources to `bookings` and `host`, unless they hold
+    /// the reservation's bookings already (once written, they are in what was loaded).
+    fn lay_on(&self, bookings: &mut Vec<Booked>, host: &mut Vec<HostBooked>) {
+        if let Change::Booked {
+            reservation_id,
+            bookings: booked,
+            host: host_booked,
+        } = self
+            && !bookings.iter().any(|b| b.reservation_id == *reservation_id)
+        {
+            bookings.extend(booked.iter().cloned());
+            host.extend(host_booked.iter().cloned());
+        }
+    }
 }
 
 /// How a transaction's own entries in the change feed are told apart ([`View::since`]).
@@ -471,13 +520,6 @@ impl Drop for Assumed {
             .expect("capacity view assumptions")
             .push(ended);
     }
-}
-
-/// What one decision assumed on one node.
-#[derive(Clone, Debug)]
-struct OnNode {
-    bookings: Vec<Booked>,
-    host: HostBooked,
 }
 
 /// The capacity view of this replica.
@@ -640,27 +682,13 @@ impl View {
         }
         let mut nodes = Vec::with_capacity(assumption.members.len());
         for (node_id, unit_ids) in assumption.members {
-            let held = OnNode {
-                bookings: unit_ids
-                    .iter()
-                    .map(|unit_id| Booked {
-                        unit_id: unit_id.clone(),
-                        reservation_id: assumption.reservation_id.to_string(),
-                        spot: assumption.spot,
-                        start_ms: assumption.start_ms,
-                        end_ms: assumption.end_ms,
-                    })
-                    .collect(),
-                host: HostBooked {
-                    reservation_id: assumption.reservation_id.to_string(),
-                    spot: assumption.spot,
-                    vcpu: assumption.host.0,
-                    memory_gib: assumption.host.1,
-                    hugepages_1gi: assumption.host.2,
-                    start_ms: assumption.start_ms,
-                    end_ms: assumption.end_ms,
-                },
-            };
+            let held = Change::booked(
+                assumption.reservation_id,
+                assumption.spot,
+                (assumption.start_ms, assumption.end_ms),
+                unit_ids,
+                assumption.host,
+            );
             state
                 .assumed
                 .entry(node_id.to_string())
@@ -815,7 +843,7 @@ impl State {
         for (reservation_id, nodes) in ended {
             for node in &nodes {
                 if let Some(held) = self.assumed.get_mut(node) {
-                    held.retain(|a| a.host.reservation_id != reservation_id);
+                    held.retain(|a| a.reservation_id() != reservation_id);
                     if held.is_empty() {
                         self.assumed.remove(node);
                     }
@@ -908,14 +936,7 @@ impl State {
         let mut bookings = held.bookings.clone();
         let mut host = held.host.clone();
         for assumed in self.assumed.get(&held.node.id).into_iter().flatten() {
-            let mine = |id: &str| id == assumed.host.reservation_id;
-            // Once written, the bookings are in what the database holds.
-            if !bookings.iter().any(|b| mine(&b.reservation_id)) {
-                bookings.extend(assumed.bookings.iter().cloned());
-            }
-            if !host.iter().any(|h| mine(&h.reservation_id)) {
-                host.push(assumed.host.clone());
-            }
+            assumed.lay_on(&mut bookings, &mut host);
         }
         NodeCapacity::new(held.node.clone(), bookings, host, held.claims.clone())
     }
@@ -1170,6 +1191,7 @@ mod tests {
     fn a_laid_on_commit_holds_what_a_fresh_load_would() {
         let held = NodeCapacity::new(node(4), vec![booked("g2", "r1")], vec![host("r1")], vec![]);
         let placed = held.with_change(&Change::Booked {
+            reservation_id: "r2".into(),
             bookings: vec![booked("g0", "r2"), booked("g1", "r2")],
             host: Some(host("r2")),
         });
@@ -1185,6 +1207,7 @@ mod tests {
         assert_eq!(placed.free_units(0, 100), 1);
         // Laid on twice (the node was loaded with it already): booked once.
         let again = placed.with_change(&Change::Booked {
+            reservation_id: "r2".into(),
             bookings: vec![booked("g0", "r2"), booked("g1", "r2")],
             host: Some(host("r2")),
         });

@@ -24,7 +24,7 @@ use super::placement::{Placer, Refusal, Snapshot, check_choice};
 use super::preempt;
 use super::store::{self, Member, Reservation};
 use super::{HostBooking, State};
-use crate::capacity::{Assumed, Assumption, Booked, Change, HostBooked, Since};
+use crate::capacity::{Assumed, Assumption, Change, Since};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::store::violates;
@@ -475,34 +475,18 @@ pub(super) async fn commit(
             .await;
         return Ok(());
     }
-    let start = r.start_ms.max(now);
+    let window = (r.start_ms.max(now), r.end_ms);
+    let host = (
+        r.resources.vcpu,
+        r.resources.memory_gib,
+        r.resources.hugepages_1gi,
+    );
     let changes = r
         .members
         .iter()
-        .map(|member| {
-            let change = Change::Booked {
-                bookings: member
-                    .unit_ids
-                    .iter()
-                    .map(|unit_id| Booked {
-                        unit_id: unit_id.clone(),
-                        reservation_id: r.id.clone(),
-                        spot: r.spot,
-                        start_ms: start,
-                        end_ms: r.end_ms,
-                    })
-                    .collect(),
-                host: (r.resources != HostBooking::default()).then(|| HostBooked {
-                    reservation_id: r.id.clone(),
-                    spot: r.spot,
-                    vcpu: r.resources.vcpu,
-                    memory_gib: r.resources.memory_gib,
-                    hugepages_1gi: r.resources.hugepages_1gi,
-                    start_ms: start,
-                    end_ms: r.end_ms,
-                }),
-            };
-            (member.node_id.clone(), change)
+        .map(|m| {
+            let change = Change::booked(&r.id, r.spot, window, &m.unit_ids, host);
+            (m.node_id.clone(), change)
         })
         .collect();
     commit_with(app, tx, since, changes).await
