@@ -8,7 +8,7 @@ use sqlx::{AnyConnection, AnyPool, Row as _};
 use crate::Result;
 use crate::clock::format_ms;
 use crate::iam::Principal;
-use crate::store::to_json;
+use crate::store::{Batch, to_json};
 
 /// What a mutation records about itself.
 pub struct Entry<'a> {
@@ -30,22 +30,29 @@ pub async fn record(
     entry: Entry<'_>,
     now_ms: i64,
 ) -> Result<()> {
-    sqlx::query(
+    let mut batch = Batch::on(conn);
+    push(&mut batch, actor, entry, now_ms);
+    batch.execute(conn).await?;
+    Ok(())
+}
+
+/// Adds the write of `entry`, done by `actor` at `now_ms`, to `batch`.
+pub fn push(batch: &mut Batch, actor: &Principal, entry: Entry<'_>, now_ms: i64) {
+    batch.push(
         "INSERT INTO audit_log (at, actor_key_id, actor_org_id, org_id, action, object_type, object_id, reason, details)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-    )
-    .bind(now_ms)
-    .bind(&actor.key_id)
-    .bind(&actor.org_id)
-    .bind(entry.org_id)
-    .bind(entry.action)
-    .bind(entry.object_type)
-    .bind(entry.object_id)
-    .bind(entry.reason)
-    .bind(entry.details.as_ref().map(to_json))
-    .execute(conn)
-    .await?;
-    Ok(())
+        vec![
+            now_ms.into(),
+            (&actor.key_id).into(),
+            (&actor.org_id).into(),
+            entry.org_id.into(),
+            entry.action.into(),
+            entry.object_type.into(),
+            entry.object_id.into(),
+            entry.reason.into(),
+            entry.details.as_ref().map(to_json).into(),
+        ],
+    );
 }
 
 /// One audit entry as the API shows it.

@@ -19,7 +19,7 @@ use sqlx::AnyConnection;
 use sqlx::postgres::PgListener;
 
 use crate::iam::{Permission, Principal, keys};
-use crate::store::{Backend, to_json};
+use crate::store::{Backend, Batch, to_json};
 use crate::{App, Error, Result, validation};
 
 /// The PostgreSQL channel every event insert notifies at commit.
@@ -54,30 +54,37 @@ pub async fn emit(
     payload: &Value,
     now_ms: i64,
 ) -> Result<()> {
-    let postgres = conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME;
-    if postgres {
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(OUTBOX_LOCK)
-            .execute(&mut *conn)
-            .await?;
-    }
-    sqlx::query(
-        "INSERT INTO events (at, type, object_id, org_ids, payload) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(now_ms)
-    .bind(kind)
-    .bind(object_id)
-    .bind(to_json(org_ids))
-    .bind(to_json(payload))
-    .execute(&mut *conn)
-    .await?;
-    if postgres {
-        sqlx::query("SELECT pg_notify($1, '')")
-            .bind(CHANNEL)
-            .execute(&mut *conn)
-            .await?;
-    }
+    let mut batch = Batch::on(conn);
+    push(&mut batch, kind, object_id, org_ids, payload, now_ms);
+    batch.execute(conn).await?;
     Ok(())
+}
+
+/// Adds the append of an event ([`emit`]) to `batch`.
+pub fn push(
+    batch: &mut Batch,
+    kind: &str,
+    object_id: &str,
+    org_ids: &[&str],
+    payload: &Value,
+    now_ms: i64,
+) {
+    let mut values: Vec<crate::store::Value> = vec![
+        now_ms.into(),
+        kind.into(),
+        object_id.into(),
+        to_json(org_ids).into(),
+        to_json(payload).into(),
+    ];
+    let sql = if batch.postgres() {
+        // The lock is taken before the row (and its `seq`) is made.
+        values.extend([OUTBOX_LOCK.into(), CHANNEL.into()]);
+        "INSERT INTO events (at, type, object_id, org_ids, payload)
+         SELECT $1, $2, $3, $4, $5 FROM (SELECT pg_advisory_xact_lock($6), pg_notify($7, '')) AS outbox"
+    } else {
+        "INSERT INTO events (at, type, object_id, org_ids, payload) VALUES ($1, $2, $3, $4, $5)"
+    };
+    batch.push(sql, values);
 }
 
 /// One event as the API shows it.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
-use sqlx::{Any, AnyPool, Executor as _, Transaction};
+use sqlx::{Any, AnyConnection, AnyPool, Executor as _, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -213,6 +213,168 @@ impl DerefMut for Tx {
     }
 }
 
+/// Statements sent to the database in one round trip: on SQLite as one multi-statement
+/// query, on PostgreSQL as one statement of data-modifying `WITH` parts. Each statement is
+/// pushed with its own parameters numbered from `$1`; they are renumbered to follow the
+/// statements before. Only `INSERT`, `UPDATE` and `DELETE` without `RETURNING` go in a
+/// batch. On PostgreSQL the parts see the same snapshot, so none may depend on another's
+/// rows.
+pub struct Batch {
+    statements: Vec<String>,
+    values: Vec<Value>,
+    postgres: bool,
+}
+
+/// A parameter of a batched statement.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Int(Option<i64>),
+    Text(Option<String>),
+    Bool(bool),
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Value {
+        Value::Int(Some(v))
+    }
+}
+
+impl From<Option<i64>> for Value {
+    fn from(v: Option<i64>) -> Value {
+        Value::Int(v)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(v: bool) -> Value {
+        Value::Bool(v)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Value {
+        Value::Text(Some(v.to_string()))
+    }
+}
+
+impl From<&String> for Value {
+    fn from(v: &String) -> Value {
+        Value::Text(Some(v.clone()))
+    }
+}
+
+impl From<String> for Value {
+    fn from(v: String) -> Value {
+        Value::Text(Some(v))
+    }
+}
+
+impl From<Option<String>> for Value {
+    fn from(v: Option<String>) -> Value {
+        Value::Text(v)
+    }
+}
+
+impl From<Option<&str>> for Value {
+    fn from(v: Option<&str>) -> Value {
+        Value::Text(v.map(str::to_string))
+    }
+}
+
+impl From<&Option<String>> for Value {
+    fn from(v: &Option<String>) -> Value {
+        Value::Text(v.clone())
+    }
+}
+
+impl Batch {
+    /// An empty batch for statements run on `conn`.
+    pub fn on(conn: &AnyConnection) -> Batch {
+        Batch {
+            statements: Vec::new(),
+            values: Vec::new(),
+            postgres: conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME,
+        }
+    }
+
+    /// Whether the batch runs on PostgreSQL (for statements written per dialect).
+    pub fn postgres(&self) -> bool {
+        self.postgres
+    }
+
+    /// How many statements the batch holds.
+    pub fn len(&self) -> usize {
+        self.statements.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.statements.is_empty()
+    }
+
+    /// Adds `sql`, whose parameters `$1…` are `values`.
+    pub fn push(&mut self, sql: &str, values: Vec<Value>) -> &mut Batch {
+        self.statements.push(renumber(sql, self.values.len()));
+        self.values.extend(values);
+        self
+    }
+
+    /// Runs the statements in order and answers how many rows they changed in all.
+    pub async fn execute(self, conn: &mut AnyConnection) -> sqlx::Result<u64> {
+        let sql = match (self.postgres, self.statements.len()) {
+            (_, 0) => return Ok(0),
+            (false, _) | (true, 1) => self.statements.join(";\n"),
+            (true, n) => {
+                let parts: Vec<String> = (self.statements.iter().enumerate())
+                    .map(|(i, s)| format!("s{i} AS ({s} RETURNING 1)"))
+                    .collect();
+                let count: Vec<String> = (0..n)
+                    .map(|i| format!("(SELECT COUNT(*) FROM s{i})"))
+                    .collect();
+                format!(
+                    "WITH {} SELECT CAST({} AS BIGINT)",
+                    parts.join(", "),
+                    count.join(" + ")
+                )
+            }
+        };
+        let mut query = sqlx::query(&sql);
+        for value in self.values {
+            query = match value {
+                Value::Int(v) => query.bind(v),
+                Value::Text(v) => query.bind(v),
+                Value::Bool(v) => query.bind(v),
+            };
+        }
+        if self.postgres && self.statements.len() > 1 {
+            let changed: i64 = sqlx::Row::get(&query.fetch_one(conn).await?, 0);
+            Ok(changed as u64)
+        } else {
+            Ok(query.execute(conn).await?.rows_affected())
+        }
+    }
+}
+
+/// `sql` with each parameter `$n` made `$(n + offset)`.
+fn renumber(sql: &str, offset: usize) -> String {
+    if offset == 0 {
+        return sql.to_string();
+    }
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..=at]);
+        rest = &rest[at + 1..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 {
+            let n: usize = rest[..digits].parse().expect("ascii digits");
+            out.push_str(&(n + offset).to_string());
+            rest = &rest[digits..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Whether `err` is a unique-key violation (the row already exists).
 pub fn is_unique_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
@@ -303,5 +465,20 @@ fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => format!("{}://…{}", &url[..scheme], &url[at..]),
         _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::renumber;
+
+    #[test]
+    fn a_batched_statements_parameters_follow_those_before_it() {
+        assert_eq!(
+            renumber("UPDATE t SET a = $1, b = $12 WHERE id = $2", 9),
+            "UPDATE t SET a = $10, b = $21 WHERE id = $11"
+        );
+        assert_eq!(renumber("SELECT $1", 0), "SELECT $1");
+        assert_eq!(renumber("x = '$' || $3$", 1), "x = '$' || $4$");
     }
 }

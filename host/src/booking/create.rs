@@ -4,7 +4,9 @@
 use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
-use super::engine::{CREATE, attributes, bookable_pool, emit, emit_placement, not_found};
+use super::engine::{
+    CREATE, attributes, bookable_pool, emit, not_found, placement_event, push_event,
+};
 use super::place;
 use super::store::{self, ComputeReservation, Reservation};
 use std::collections::BTreeMap;
@@ -19,6 +21,7 @@ use crate::iam::confirmations;
 use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
 use crate::pools::store::{Offer, Pool};
+use crate::store::Batch;
 use crate::{App, Error, Result};
 
 /// Checks the request against what the pool is: its device classes, sharing mode and
@@ -276,21 +279,22 @@ async fn decide_and_place(
 async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Result<bool> {
     let mut tx = app.store.begin().await?;
     if !insert_draft(&mut tx, caller, draft).await? {
+        tx.rollback().await?;
         return Ok(false);
     }
     tx.commit().await?;
     Ok(true)
 }
 
-/// Inserts a new draft with its audit entry; `false` (nothing written) when the id exists.
+/// Inserts a new draft with its audit entry, in one round trip; `false` when the id
+/// exists: the caller rolls back (the entry was written).
 async fn insert_draft(
     conn: &mut AnyConnection,
     caller: &Principal,
     draft: &Reservation,
 ) -> Result<bool> {
-    if !store::insert(conn, draft).await? {
-        return Ok(false);
-    }
+    let mut batch = Batch::on(conn);
+    store::push_insert(&mut batch, draft);
     let entry = Entry {
         org_id: &draft.tenant_id,
         action: "compute-reservation.draft",
@@ -299,8 +303,8 @@ async fn insert_draft(
         reason: None,
         details: Some(json!({ "request": draft.request })),
     };
-    audit::record(conn, caller, entry, draft.created_at).await?;
-    Ok(true)
+    audit::push(&mut batch, caller, entry, draft.created_at);
+    Ok(batch.execute(conn).await? == 2)
 }
 
 fn confirmation_required(r: &Reservation) -> Error {
@@ -558,6 +562,7 @@ async fn charge_and_place(
             r.version = current.version;
             r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
         } else if !insert_draft(&mut tx, caller, &r).await? {
+            tx.rollback().await?;
             return Ok(None);
         }
         if spent.is_some() {
@@ -591,19 +596,22 @@ async fn charge_and_place(
         }
         r.charge = Some(charge);
         r.operate("create", now);
-        if !store::update(&mut tx, &mut r).await? {
+        let written = store::update_then(&mut tx, &mut r, |batch, r| {
+            let entry = Entry {
+                org_id: &r.tenant_id,
+                action: "compute-reservation.create",
+                object_type: "compute-reservation",
+                object_id: &r.id,
+                reason: None,
+                details: Some(json!({ "state": r.state, "charge": r.charge })),
+            };
+            audit::push(batch, caller, entry, now);
+            push_event(batch, r, placement_event(placed, pool), json!({}));
+        })
+        .await?;
+        if !written {
             return Err(super::lifecycle::changed_concurrently(&r));
         }
-        let entry = Entry {
-            org_id: &r.tenant_id,
-            action: "compute-reservation.create",
-            object_type: "compute-reservation",
-            object_id: &r.id,
-            reason: None,
-            details: Some(json!({ "state": r.state, "charge": r.charge })),
-        };
-        audit::record(&mut tx, caller, entry, now).await?;
-        emit_placement(&mut tx, &r, placed, pool).await?;
         place::commit(app, tx, since, &r, &preempted, now).await?;
         return Ok(Some(r));
     }

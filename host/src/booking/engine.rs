@@ -11,6 +11,7 @@ use crate::events;
 use crate::iam::policy::Attributes;
 use crate::pools::PlacerMode;
 use crate::pools::store::{Offer, Pool};
+use crate::store::Batch;
 use crate::{App, Error, Result};
 
 /// How long a default-placer reservation waits before its next placement attempt.
@@ -140,18 +141,13 @@ pub(super) async fn older_pending_exists(
     Ok(count > 0)
 }
 
-pub(super) async fn emit_placement(
-    conn: &mut AnyConnection,
-    r: &Reservation,
-    placed: bool,
-    pool: &Pool,
-) -> Result<()> {
-    let kind = match (placed, pool.policy.placer) {
+/// The event of a placement that booked `r` (`placed`) or left it waiting.
+pub(super) fn placement_event(placed: bool, pool: &Pool) -> &'static str {
+    match (placed, pool.policy.placer) {
         (true, _) => "reservation.placed",
         (false, PlacerMode::PoolLease) => "reservation.queued",
         (false, PlacerMode::Default) => "reservation.pending",
-    };
-    emit(conn, r, kind, json!({})).await
+    }
 }
 
 pub(super) async fn emit(
@@ -160,9 +156,17 @@ pub(super) async fn emit(
     kind: &str,
     extra: serde_json::Value,
 ) -> Result<()> {
+    let mut batch = Batch::on(conn);
+    push_event(&mut batch, r, kind, extra);
+    batch.execute(conn).await?;
+    Ok(())
+}
+
+/// Adds the event `kind` about `r` (its view, with `extra`'s fields) to `batch`.
+pub(super) fn push_event(batch: &mut Batch, r: &Reservation, kind: &str, extra: serde_json::Value) {
     let mut payload = json!({ "reservation": r.view() });
     if let (Some(target), Some(extra)) = (payload.as_object_mut(), extra.as_object()) {
         target.extend(extra.clone());
     }
-    events::emit(conn, kind, &r.id, &[&r.tenant_id], &payload, r.updated_at).await
+    events::push(batch, kind, &r.id, &[&r.tenant_id], &payload, r.updated_at);
 }

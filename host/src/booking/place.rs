@@ -18,7 +18,7 @@ use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
-    commit_with, emit, lock_pool, mark_pending, mark_placed, older_pending_exists,
+    commit_with, lock_pool, mark_pending, mark_placed, older_pending_exists, push_event,
 };
 use super::placement::{Placer, Refusal, Snapshot, check_choice};
 use super::preempt;
@@ -216,11 +216,12 @@ pub(super) async fn try_place(
     }
     let (reason, spot_nodes) = match decided {
         Decided::Chosen(chosen) => {
-            return match book(app, conn, r, chosen, now).await? {
+            let last = attempt + 1 == PLACE_ATTEMPTS;
+            return match book(app, conn, r, chosen, last, now).await? {
                 Attempt::Placed => Ok(Outcome::Placed {
                     preempted: Vec::new(),
                 }),
-                Attempt::Lost(nodes) if attempt + 1 < PLACE_ATTEMPTS => Ok(Outcome::Lost(nodes)),
+                Attempt::Lost(nodes) if !last => Ok(Outcome::Lost(nodes)),
                 Attempt::Lost(nodes) => {
                     app.capacity.forget(&nodes).await;
                     mark_pending(r, queued, BOOKED_CONCURRENTLY.into(), now);
@@ -262,7 +263,7 @@ async fn preempt_and_place(
         // The terminations changed what is free: place on what the transaction sees.
         let freed = snapshot.read_again(&mut attempt, spot_nodes).await?;
         if let Decided::Chosen(chosen) = decide_on(app, &mut attempt, pool, r, &freed).await?
-            && let Attempt::Placed = book(app, &mut attempt, r, chosen, now).await?
+            && let Attempt::Placed = book(app, &mut attempt, r, chosen, false, now).await?
         {
             attempt.commit().await?;
             return Ok(true);
@@ -273,12 +274,15 @@ async fn preempt_and_place(
 }
 
 /// Writes the bookings `chosen` names, all members or none, after checking under locks
-/// what the view that decided may not have seen; marks `r` placed.
+/// what the view that decided may not have seen; marks `r` placed. With `go_on` the
+/// transaction can go on after a loss (the bookings are written under a savepoint);
+/// otherwise the caller rolls it back.
 pub(super) async fn book(
     app: &App,
     conn: &mut AnyConnection,
     r: &mut Reservation,
     chosen: Chosen,
+    go_on: bool,
     now: i64,
 ) -> Result<Attempt> {
     let Chosen {
@@ -304,10 +308,40 @@ pub(super) async fn book(
             return Ok(Attempt::Lost(nodes(&members)));
         }
     }
-    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    for member in &members {
+    let written = if go_on {
+        let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+        let written = insert_members(app, &mut savepoint, r, &members, now).await?;
+        match written {
+            true => savepoint.commit().await?,
+            false => savepoint.rollback().await?,
+        }
+        written
+    } else {
+        insert_members(app, conn, r, &members, now).await?
+    };
+    if !written {
+        return Ok(Attempt::Lost(nodes(&members)));
+    }
+    let first = members[0].node_id.clone();
+    store::order_members(&mut members, Some(&first));
+    r.unit_ids = members.iter().flat_map(|m| m.unit_ids.clone()).collect();
+    r.members = members;
+    mark_placed(r, first, decided_by, now);
+    Ok(Attempt::Placed)
+}
+
+/// Writes every member's bookings; `false` when one lost to a booking the view had not
+/// seen (the caller undoes what was written).
+async fn insert_members(
+    app: &App,
+    conn: &mut AnyConnection,
+    r: &Reservation,
+    members: &[Member],
+    now: i64,
+) -> Result<bool> {
+    for member in members {
         let written = store::insert_bookings(
-            &mut savepoint,
+            conn,
             r,
             &member.node_id,
             &member.unit_ids,
@@ -315,23 +349,14 @@ pub(super) async fn book(
             now,
         )
         .await;
-        let lost = match written {
-            Ok(written) => !written,
-            Err(err) if violates(&err, "bookings_no_overlap") => true,
+        match written {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(err) if violates(&err, "bookings_no_overlap") => return Ok(false),
             Err(err) => return Err(err.into()),
-        };
-        if lost {
-            savepoint.rollback().await?;
-            return Ok(Attempt::Lost(nodes(&members)));
         }
     }
-    savepoint.commit().await?;
-    let first = members[0].node_id.clone();
-    store::order_members(&mut members, Some(&first));
-    r.unit_ids = members.iter().flat_map(|m| m.unit_ids.clone()).collect();
-    r.members = members;
-    mark_placed(r, first, decided_by, now);
-    Ok(Attempt::Placed)
+    Ok(true)
 }
 
 /// Whether `node_id` still takes placements and has room for `r`'s host resources over its
@@ -344,11 +369,21 @@ async fn node_has_room(
     node_id: &str,
     now: i64,
 ) -> Result<bool> {
+    let want = r.resources;
     let Some(node) = sqlx::query(&format!(
-        "SELECT host_vcpu, host_memory_gib, host_hugepages_1gi, lost_at FROM nodes WHERE id = $1{}",
+        "SELECT n.host_vcpu, n.host_memory_gib, n.host_hugepages_1gi, n.lost_at,
+                {} AS vcpu, {} AS memory_gib, {} AS hugepages_1gi
+         FROM nodes n WHERE n.id = $1{}",
+        booked_host("vcpu"),
+        booked_host("memory_gib"),
+        booked_host("hugepages_1gi"),
         app.store.for_turn()
     ))
     .bind(node_id)
+    .bind(true)
+    .bind(&r.id)
+    .bind(r.end_ms)
+    .bind(r.start_ms.max(now))
     .fetch_optional(&mut *conn)
     .await?
     else {
@@ -357,30 +392,24 @@ async fn node_has_room(
     if node.get::<Option<i64>, _>("lost_at").is_some() {
         return Ok(false);
     }
-    let want = r.resources;
     if want == HostBooking::default() {
         return Ok(true);
     }
-    let used = sqlx::query(
-        "SELECT CAST(COALESCE(SUM(vcpu), 0) AS BIGINT) AS vcpu,
-                CAST(COALESCE(SUM(memory_gib), 0) AS BIGINT) AS memory_gib,
-                CAST(COALESCE(SUM(hugepages_1gi), 0) AS BIGINT) AS hugepages_1gi
-         FROM host_bookings
-         WHERE node_id = $1 AND active = $2 AND reservation_id <> $3 AND start_ms < $4 AND end_ms > $5",
-    )
-    .bind(node_id)
-    .bind(true)
-    .bind(&r.id)
-    .bind(r.end_ms)
-    .bind(r.start_ms.max(now))
-    .fetch_one(&mut *conn)
-    .await?;
     let fits = |column: &str, want: i64| {
-        used.get::<i64, _>(column) + want <= node.get::<i64, _>(format!("host_{column}").as_str())
+        node.get::<i64, _>(column) + want <= node.get::<i64, _>(format!("host_{column}").as_str())
     };
     Ok(fits("vcpu", want.vcpu)
         && fits("memory_gib", want.memory_gib)
         && fits("hugepages_1gi", want.hugepages_1gi))
+}
+
+/// The host resource `column` booked on node `n` over the window `$5`–`$4` by reservations
+/// other than `$3` (`$2`: active bookings).
+fn booked_host(column: &str) -> String {
+    format!(
+        "(SELECT CAST(COALESCE(SUM(h.{column}), 0) AS BIGINT) FROM host_bookings h
+          WHERE h.node_id = n.id AND h.active = $2 AND h.reservation_id <> $3 AND h.start_ms < $4 AND h.end_ms > $5)"
+    )
 }
 
 /// Retries placing a pending reservation (the reconciler's and the wake-up's path).
@@ -434,21 +463,24 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
         if placed {
             r.operate("place", now);
         }
-        if !store::update(&mut tx, &mut r).await? {
+        let written = store::update_then(&mut tx, &mut r, |batch, r| {
+            if placed {
+                push_event(batch, r, "reservation.placed", json!({}));
+                let entry = crate::audit::Entry {
+                    org_id: &r.tenant_id,
+                    action: "compute-reservation.place",
+                    object_type: "compute-reservation",
+                    object_id: &r.id,
+                    reason: None,
+                    details: Some(json!({ "state": r.state, "placedBy": r.placed_by })),
+                };
+                crate::audit::push(batch, &crate::iam::Principal::system(), entry, now);
+            }
+        })
+        .await?;
+        if !written {
             tx.rollback().await?;
             return Ok(false);
-        }
-        if placed {
-            emit(&mut tx, &r, "reservation.placed", json!({})).await?;
-            let entry = crate::audit::Entry {
-                org_id: &r.tenant_id,
-                action: "compute-reservation.place",
-                object_type: "compute-reservation",
-                object_id: &r.id,
-                reason: None,
-                details: Some(json!({ "state": r.state, "placedBy": r.placed_by })),
-            };
-            crate::audit::record(&mut tx, &crate::iam::Principal::system(), entry, now).await?;
         }
         commit(app, tx, since, &r, &preempted, now).await?;
         return Ok(placed);

@@ -9,7 +9,7 @@ use sqlx::{AnyConnection, Row as _};
 
 use super::{Binding, CreateRequest, HostBooking, State};
 use crate::Result;
-use crate::store::{flag, placeholders, to_json};
+use crate::store::{Batch, Value, flag, placeholders, to_json};
 
 /// A condition on a reservation (`Unschedulable`, `Queued`, …).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -387,42 +387,50 @@ pub async fn page(
 
 /// Writes a new reservation (a draft); `false` (nothing written) when its id exists.
 pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<bool> {
-    let done = sqlx::query(&format!(
-        "INSERT INTO compute_reservations ({COLUMNS})
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)
+    let mut batch = Batch::on(conn);
+    push_insert(&mut batch, r);
+    Ok(batch.execute(conn).await? == 1)
+}
+
+/// Adds the insert of `r` ([`insert`]) to `batch`: one row, none when the id exists.
+pub fn push_insert(batch: &mut Batch, r: &Reservation) {
+    let sql = format!(
+        "INSERT INTO compute_reservations (position, {COLUMNS})
+         VALUES ((SELECT COALESCE(MAX(position), 0) + 1 FROM compute_reservations), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)
          ON CONFLICT DO NOTHING"
-    ).replace("INSERT INTO compute_reservations (", "INSERT INTO compute_reservations (position, ")
-    .replace("VALUES ($1,", "VALUES ((SELECT COALESCE(MAX(position), 0) + 1 FROM compute_reservations), $1,"))
-    .bind(&r.id)
-    .bind(&r.tenant_id)
-    .bind(&r.pool_id)
-    .bind(&r.project_id)
-    .bind(&r.caller_key_id)
-    .bind(&r.idempotency_key)
-    .bind(to_json(&r.request))
-    .bind(r.state.as_str())
-    .bind(r.spot)
-    .bind(binding_str(r.binding))
-    .bind(r.start_ms)
-    .bind(r.end_ms)
-    .bind(r.lease_seconds)
-    .bind(r.lease_deadline_ms)
-    .bind(to_json(&r.resources))
-    .bind(r.charge.as_ref().map(to_json))
-    .bind(to_json(&r.conditions))
-    .bind(&r.reason)
-    .bind(&r.node_id)
-    .bind(&r.placed_by)
-    .bind(&r.confirmation_id)
-    .bind(r.extend_started_ms)
-    .bind(r.next_attempt_ms)
-    .bind(r.operation.as_ref().map(to_json))
-    .bind(r.created_at)
-    .bind(r.updated_at)
-    .bind(r.version)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    );
+    batch.push(
+        &sql,
+        vec![
+            (&r.id).into(),
+            (&r.tenant_id).into(),
+            (&r.pool_id).into(),
+            (&r.project_id).into(),
+            (&r.caller_key_id).into(),
+            (&r.idempotency_key).into(),
+            to_json(&r.request).into(),
+            r.state.as_str().into(),
+            r.spot.into(),
+            binding_str(r.binding).into(),
+            r.start_ms.into(),
+            r.end_ms.into(),
+            r.lease_seconds.into(),
+            r.lease_deadline_ms.into(),
+            to_json(&r.resources).into(),
+            r.charge.as_ref().map(to_json).into(),
+            to_json(&r.conditions).into(),
+            (&r.reason).into(),
+            (&r.node_id).into(),
+            (&r.placed_by).into(),
+            (&r.confirmation_id).into(),
+            r.extend_started_ms.into(),
+            r.next_attempt_ms.into(),
+            r.operation.as_ref().map(to_json).into(),
+            r.created_at.into(),
+            r.updated_at.into(),
+            r.version.into(),
+        ],
+    );
 }
 
 fn binding_str(binding: Binding) -> &'static str {
@@ -438,34 +446,49 @@ fn binding_str(binding: Binding) -> &'static str {
 /// changed the reservation since it was read, and nothing was written. This is the one way
 /// a reservation changes; a caller does its side effects only after it answered `true`.
 pub async fn update(conn: &mut AnyConnection, r: &mut Reservation) -> Result<bool> {
-    let done = sqlx::query(
+    update_then(conn, r, |_, _| {}).await
+}
+
+/// Writes `r` as [`update`] does and, in the same round trip, what `then` adds for the
+/// reservation as written: statements of one row each (its audit entry, its event).
+/// `false`: the reservation had changed; the caller rolls back what `then` wrote.
+pub async fn update_then(
+    conn: &mut AnyConnection,
+    r: &mut Reservation,
+    then: impl FnOnce(&mut Batch, &Reservation),
+) -> Result<bool> {
+    let mut batch = Batch::on(conn);
+    batch.push(
         "UPDATE compute_reservations SET state = $1, start_ms = $2, end_ms = $3, lease_deadline_ms = $4, resources = $5,
              charge = $6, conditions = $7, reason = $8, node_id = $9, placed_by = $10, confirmation_id = $11,
              extend_started_ms = $12, next_attempt_ms = $13, updated_at = $14, operation = $15, version = version + 1
          WHERE id = $16 AND version = $17",
-    )
-    .bind(r.state.as_str())
-    .bind(r.start_ms)
-    .bind(r.end_ms)
-    .bind(r.lease_deadline_ms)
-    .bind(to_json(&r.resources))
-    .bind(r.charge.as_ref().map(to_json))
-    .bind(to_json(&r.conditions))
-    .bind(&r.reason)
-    .bind(&r.node_id)
-    .bind(&r.placed_by)
-    .bind(&r.confirmation_id)
-    .bind(r.extend_started_ms)
-    .bind(r.next_attempt_ms)
-    .bind(r.updated_at)
-    .bind(r.operation.as_ref().map(to_json))
-    .bind(&r.id)
-    .bind(r.version)
-    .execute(conn)
-    .await?;
-    let matched = done.rows_affected() == 1;
-    if matched {
-        r.version += 1;
+        vec![
+            r.state.as_str().into(),
+            r.start_ms.into(),
+            r.end_ms.into(),
+            r.lease_deadline_ms.into(),
+            to_json(&r.resources).into(),
+            r.charge.as_ref().map(to_json).into(),
+            to_json(&r.conditions).into(),
+            (&r.reason).into(),
+            (&r.node_id).into(),
+            (&r.placed_by).into(),
+            (&r.confirmation_id).into(),
+            r.extend_started_ms.into(),
+            r.next_attempt_ms.into(),
+            r.updated_at.into(),
+            r.operation.as_ref().map(to_json).into(),
+            (&r.id).into(),
+            r.version.into(),
+        ],
+    );
+    r.version += 1;
+    then(&mut batch, r);
+    let rows = batch.len() as u64;
+    let matched = batch.execute(conn).await? == rows;
+    if !matched {
+        r.version -= 1;
     }
     Ok(matched)
 }
@@ -486,6 +509,7 @@ pub async fn insert_bookings(
     now: i64,
 ) -> sqlx::Result<bool> {
     let start = r.start_ms.max(now);
+    let mut batch = Batch::on(conn);
     // One statement for every unit, with the price of the tenant's offer (none: the pool's
     // owner books its own capacity) and what the unit is.
     let sql = format!(
@@ -497,40 +521,39 @@ pub async fn insert_bookings(
          FROM units u WHERE u.node_id = $2 AND u.id IN ({})",
         crate::store::placeholders(10, units.len())
     );
-    let mut query = sqlx::query(&sql)
-        .bind(&r.id)
-        .bind(node_id)
-        .bind(start)
-        .bind(r.end_ms)
-        .bind(r.spot)
-        .bind(true)
-        .bind(&r.pool_id)
-        .bind(&r.tenant_id)
-        .bind(i64::from(provider_share_bps));
-    for unit in units {
-        query = query.bind(unit);
-    }
-    if query.execute(&mut *conn).await?.rows_affected() != units.len() as u64 {
-        return Ok(false);
-    }
+    let mut values: Vec<Value> = vec![
+        (&r.id).into(),
+        node_id.into(),
+        start.into(),
+        r.end_ms.into(),
+        r.spot.into(),
+        true.into(),
+        (&r.pool_id).into(),
+        (&r.tenant_id).into(),
+        i64::from(provider_share_bps).into(),
+    ];
+    values.extend(units.iter().map(Value::from));
+    batch.push(&sql, values);
     let host = r.resources;
+    let mut rows = units.len() as u64;
     if host != HostBooking::default() {
-        sqlx::query(
+        batch.push(
             "INSERT INTO host_bookings (reservation_id, node_id, vcpu, memory_gib, hugepages_1gi, start_ms, end_ms, active)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(&r.id)
-        .bind(node_id)
-        .bind(host.vcpu)
-        .bind(host.memory_gib)
-        .bind(host.hugepages_1gi)
-        .bind(start)
-        .bind(r.end_ms)
-        .bind(true)
-        .execute(&mut *conn)
-        .await?;
+            vec![
+                (&r.id).into(),
+                node_id.into(),
+                host.vcpu.into(),
+                host.memory_gib.into(),
+                host.hugepages_1gi.into(),
+                start.into(),
+                r.end_ms.into(),
+                true.into(),
+            ],
+        );
+        rows += 1;
     }
-    Ok(true)
+    Ok(batch.execute(conn).await? == rows)
 }
 
 /// Ends a reservation's bookings at `now` (or drops them if they had not started): they
