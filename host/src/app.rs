@@ -25,6 +25,9 @@ pub struct App {
     pub node_lost_after_ms: i64,
     /// What every node offers and what holds it, in memory ([`crate::capacity`]).
     pub capacity: crate::capacity::View,
+    /// Pools' settings, offers' terms, IAM policies and plugin assignments, in memory
+    /// ([`crate::settings`]).
+    pub settings: crate::settings::Settings,
 }
 
 impl App {
@@ -38,6 +41,7 @@ impl App {
     ) -> Arc<App> {
         Arc::new(App {
             capacity: crate::capacity::View::new(&store),
+            settings: crate::settings::Settings::default(),
             store,
             clock,
             metrics: Arc::new(Metrics::new()),

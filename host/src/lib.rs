@@ -26,6 +26,7 @@ pub mod policy;
 pub mod pools;
 pub mod reconciler;
 pub mod serve;
+pub mod settings;
 pub mod spot;
 pub mod store;
 pub mod validation;

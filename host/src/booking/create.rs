@@ -21,6 +21,7 @@ use crate::iam::confirmations;
 use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
 use crate::pools::store::{Offer, Pool};
+use crate::settings::Version;
 use crate::store::Batch;
 use crate::{App, Error, Result};
 
@@ -110,6 +111,7 @@ pub async fn create(
 struct Context {
     existing: Option<Reservation>,
     confirmation: Option<String>,
+    at: Version,
     pool: Pool,
     offer: Option<Offer>,
     snapshot: Snapshot,
@@ -128,13 +130,19 @@ async fn read_context(
         }
         _ => None,
     };
-    let (pool, offer) = bookable_pool(&mut conn, &request.pool_id, &request.tenant_id).await?;
-    let policy = policy::find(&mut conn, &request.tenant_id).await?;
+    let at = app.settings.version(&mut conn).await?;
+    let (pool, offer) =
+        bookable_pool(app, &mut conn, at, &request.pool_id, &request.tenant_id).await?;
+    let policy = app
+        .settings
+        .policy(&mut conn, at, &request.tenant_id)
+        .await?;
     drop(conn);
     let snapshot = Snapshot::inventory(app, &pool.id).await?;
     Ok(Context {
         existing,
         confirmation,
+        at,
         pool,
         offer,
         snapshot,
@@ -173,6 +181,7 @@ async fn decide_and_place(
     let Context {
         existing,
         confirmation,
+        at,
         pool,
         offer,
         snapshot,
@@ -255,7 +264,7 @@ async fn decide_and_place(
     let charge = quota_charge(&request, excess);
     let placing = Placing {
         caller,
-        pool: &pool,
+        pool: (&pool, at),
         offer: offer.as_ref(),
         stored,
     };
@@ -466,13 +475,12 @@ pub(super) async fn spending(
 pub(super) async fn judge_spending(
     app: &App,
     conn: &mut AnyConnection,
-    pool: &Pool,
+    (pool, at): (&Pool, Version),
     spending: &Spending,
 ) -> Result<()> {
     let Spending { charge, budget } = spending;
-    let guard =
-        crate::policy::assignment::resolve(app, conn, &pool.id, crate::policy::World::SpendGuard)
-            .await?;
+    let world = crate::policy::World::SpendGuard;
+    let guard = crate::policy::assignment::resolve(app, conn, at, &pool.id, world).await?;
     let outcome = tokio::task::block_in_place(|| {
         app.policy.spend(
             &guard.loaded,
@@ -502,11 +510,11 @@ pub(super) async fn judge_spending(
 pub(super) async fn check_budget(
     app: &App,
     conn: &mut AnyConnection,
-    pool: &Pool,
+    pool: (&Pool, Version),
     offer: Option<&Offer>,
     r: &Reservation,
 ) -> Result<()> {
-    match spending(app, conn, pool, offer, r).await? {
+    match spending(app, conn, pool.0, offer, r).await? {
         Some(spending) => judge_spending(app, conn, pool, &spending).await,
         None => Ok(()),
     }
@@ -515,7 +523,8 @@ pub(super) async fn check_budget(
 /// What a create places with, besides the reservation and its charge.
 struct Placing<'a> {
     caller: &'a Principal,
-    pool: &'a Pool,
+    /// The pool, as of this settings version.
+    pool: (&'a Pool, Version),
     offer: Option<&'a Offer>,
     /// Whether the draft is already stored (a retried create, after a confirmation).
     stored: bool,
@@ -535,7 +544,7 @@ async fn charge_and_place(
 ) -> Result<Option<Reservation>> {
     let Placing {
         caller,
-        pool,
+        pool: (pool, at),
         offer,
         stored,
     } = placing;
@@ -543,13 +552,13 @@ async fn charge_and_place(
         let mut conn = app.store.pool().acquire().await?;
         let spent = spending(app, &mut conn, pool, offer, &r).await?;
         if let Some(spent) = &spent {
-            judge_spending(app, &mut conn, pool, spent).await?;
+            judge_spending(app, &mut conn, (pool, at), spent).await?;
         }
         spent
     };
     let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
     for attempt in 0..place::PLACE_ATTEMPTS {
-        let (decided, _assumed) = place::decide(app, pool, &r).await?;
+        let (decided, _assumed) = place::decide(app, (pool, at), &r).await?;
         let mut tx = app.store.begin().await?;
         let since = app.capacity.since(&mut tx).await?;
         if stored {
@@ -570,7 +579,7 @@ async fn charge_and_place(
             if now_spent != spent
                 && let Some(now_spent) = &now_spent
             {
-                judge_spending(app, &mut tx, pool, now_spent).await?;
+                judge_spending(app, &mut tx, (pool, at), now_spent).await?;
             }
         }
         // Read after the locks: the bookings written below start no earlier than this.

@@ -11,6 +11,7 @@ use crate::events;
 use crate::iam::policy::Attributes;
 use crate::pools::PlacerMode;
 use crate::pools::store::{Offer, Pool};
+use crate::settings::Version;
 use crate::store::Batch;
 use crate::{App, Error, Result};
 
@@ -42,18 +43,23 @@ pub(super) fn attributes(request: &CreateRequest, r: &Reservation, region: &str)
     }
 }
 
-/// The pool `tenant` may book into: owned by or offered to it, not archived. Its member
-/// list is not read: placements read the pool's nodes from the capacity view.
+/// The pool `tenant` may book into: owned by or offered to it, not archived, as of
+/// settings version `at`. Its member list is not read: placements read the pool's nodes
+/// from the capacity view.
 pub(super) async fn bookable_pool(
+    app: &App,
     conn: &mut AnyConnection,
+    at: Version,
     pool_id: &str,
     tenant: &str,
 ) -> Result<(Pool, Option<Offer>)> {
     let missing = || Error::not_found(format_args!("pool {pool_id}"));
-    let pool = crate::pools::store::find_settings(conn, pool_id)
+    let pool = app
+        .settings
+        .pool(conn, at, pool_id)
         .await?
         .ok_or_else(missing)?;
-    let offer = crate::pools::store::find_terms(conn, pool_id, tenant).await?;
+    let offer = app.settings.terms(conn, at, pool_id, tenant).await?;
     if pool.archived || (pool.owner_org_id != tenant && offer.is_none()) {
         return Err(missing());
     }

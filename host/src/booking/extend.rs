@@ -225,13 +225,14 @@ async fn decide_extension(
     new_end: i64,
 ) -> Result<()> {
     let mut conn = app.store.pool().acquire().await?;
-    let (pool, offer) = bookable_pool(&mut conn, &r.pool_id, &r.tenant_id)
+    let at = app.settings.version(&mut conn).await?;
+    let (pool, offer) = bookable_pool(app, &mut conn, at, &r.pool_id, &r.tenant_id)
         .await
         .map_err(|_| not_found(&r.id))?;
     let mut longer = r.clone();
     longer.end_ms = new_end;
     let attrs = attributes(&r.request, &longer, "");
-    let policy_text = policy::find(&mut conn, &r.tenant_id).await?;
+    let policy_text = app.settings.policy(&mut conn, at, &r.tenant_id).await?;
     if policy::decide(
         policy_text.as_deref(),
         caller,
@@ -247,6 +248,6 @@ async fn decide_extension(
     }
     let mut extra = longer.clone();
     extra.start_ms = r.end_ms;
-    check_budget(app, &mut conn, &pool, offer.as_ref(), &extra).await?;
+    check_budget(app, &mut conn, (&pool, at), offer.as_ref(), &extra).await?;
     Ok(())
 }

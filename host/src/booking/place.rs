@@ -27,6 +27,7 @@ use super::{HostBooking, State};
 use crate::capacity::{Assumed, Assumption, Change, Since};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
+use crate::settings::Version;
 use crate::store::violates;
 use crate::{App, Error, Result};
 
@@ -87,14 +88,14 @@ pub(super) enum Outcome {
 /// then (another replica's commit, heard meanwhile) is not assumed: the database arbitrates.
 pub(super) async fn decide(
     app: &App,
-    pool: &Pool,
+    (pool, at): (&Pool, Version),
     r: &Reservation,
 ) -> Result<(Decided, Option<Assumed>)> {
     let _turn = app.capacity.turn(&pool.id).await;
     let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, app.now_ms()).await?;
     let decided = {
         let mut conn = app.store.pool().acquire().await?;
-        decide_on(app, &mut conn, pool, r, &snapshot).await?
+        decide_on(app, &mut conn, (pool, at), r, &snapshot).await?
     };
     let Decided::Chosen(chosen) = &decided else {
         return Ok((decided, None));
@@ -125,11 +126,11 @@ pub(super) async fn decide(
 async fn decide_on(
     app: &App,
     conn: &mut AnyConnection,
-    pool: &Pool,
+    (pool, at): (&Pool, Version),
     r: &Reservation,
     snapshot: &Snapshot,
 ) -> Result<Decided> {
-    let placer = crate::policy::assignment::placer_for(app, conn, pool).await?;
+    let placer = crate::policy::assignment::placer_for(app, conn, at, pool).await?;
     let decided = if r.request.gang.is_some() {
         super::gang::decide(placer.as_ref(), r, snapshot)?
     } else {
@@ -257,12 +258,13 @@ async fn preempt_and_place(
         lock_pool(app, conn, &pool.id).await?;
     }
     app.capacity.forget(spot_nodes).await;
+    let at = app.settings.version(conn).await?;
     let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, now).await?;
     let mut attempt = sqlx::Connection::begin(&mut *conn).await?;
-    if preempt::make_room(app, &mut attempt, pool, r, &snapshot, now).await? {
+    if preempt::make_room(app, &mut attempt, (pool, at), r, &snapshot, now).await? {
         // The terminations changed what is free: place on what the transaction sees.
         let freed = snapshot.read_again(&mut attempt, spot_nodes).await?;
-        if let Decided::Chosen(chosen) = decide_on(app, &mut attempt, pool, r, &freed).await?
+        if let Decided::Chosen(chosen) = decide_on(app, &mut attempt, (pool, at), r, &freed).await?
             && let Attempt::Placed = book(app, &mut attempt, r, chosen, false, now).await?
         {
             attempt.commit().await?;
@@ -415,7 +417,7 @@ fn booked_host(column: &str) -> String {
 /// Retries placing a pending reservation (the reconciler's and the wake-up's path).
 pub async fn retry(app: &App, id: &str) -> Result<bool> {
     for attempt in 0..PLACE_ATTEMPTS {
-        let (r, pool) = {
+        let (r, pool, at) = {
             let mut conn = app.store.pool().acquire().await?;
             let Some(r) = store::find(&mut conn, id, "").await? else {
                 return Ok(false);
@@ -423,13 +425,13 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
             if r.state != State::Pending {
                 return Ok(false);
             }
-            let Some(pool) = crate::pools::store::find_settings(&mut conn, &r.pool_id).await?
-            else {
+            let at = app.settings.version(&mut conn).await?;
+            let Some(pool) = app.settings.pool(&mut conn, at, &r.pool_id).await? else {
                 return Ok(false);
             };
-            (r, pool)
+            (r, pool, at)
         };
-        let (decided, _assumed) = decide(app, &pool, &r).await?;
+        let (decided, _assumed) = decide(app, (&pool, at), &r).await?;
         let mut tx = app.store.begin().await?;
         let Some(mut r) = store::find(&mut tx, id, app.store.for_update()).await? else {
             return Ok(false);

@@ -5,6 +5,7 @@
 //! quota, emits its event and audits the decision with the plugin that made it. The caller
 //! runs this and the placement after it in one savepoint.
 
+use crate::settings::Version;
 use std::collections::HashSet;
 
 use serde_json::json;
@@ -29,7 +30,7 @@ pub const PREEMPTED: &str = "preempted";
 pub(super) async fn make_room(
     app: &App,
     conn: &mut AnyConnection,
-    pool: &Pool,
+    (pool, at): (&Pool, Version),
     r: &Reservation,
     snapshot: &Snapshot,
     now: i64,
@@ -38,7 +39,7 @@ pub(super) async fn make_room(
     if offer.spot.is_empty() {
         return Ok(false);
     }
-    let preemptor = assignment::resolve(app, conn, &pool.id, World::Preemptor).await?;
+    let preemptor = assignment::resolve(app, conn, at, &pool.id, World::Preemptor).await?;
     let decide = |loaded: &crate::policy::Loaded| {
         let outcome = tokio::task::block_in_place(|| {
             app.policy.preempt(

@@ -15,6 +15,7 @@ use crate::booking::placement::Placer;
 use crate::clock::format_ms;
 use crate::iam::{Permission, Principal};
 use crate::pools::store::Pool;
+use crate::settings::Version;
 use crate::store::to_json;
 use crate::{Error, Result};
 
@@ -176,6 +177,7 @@ pub async fn get(app: &App, caller: &Principal, pool_id: &str) -> Result<PoolPol
 }
 
 /// A pool's plugin of one world, as resolved when a decision starts.
+#[derive(Clone)]
 pub struct Resolved {
     pub loaded: Arc<Loaded>,
     pub config: Option<Value>,
@@ -185,9 +187,20 @@ pub struct Resolved {
 }
 
 /// The plugin of `world` a decision for `pool_id` runs: the pool's assigned plugin, or the
-/// built-in default component. Resolved once per decision, so a swap never changes a
-/// decision already running.
+/// built-in default component, as of settings version `at` or later. Resolved once per
+/// decision, so a swap never changes a decision already running.
 pub async fn resolve(
+    app: &App,
+    conn: &mut AnyConnection,
+    at: Version,
+    pool_id: &str,
+    world: World,
+) -> Result<Resolved> {
+    let load = resolve_now(app, &mut *conn, pool_id, world);
+    app.settings.plugin(at, pool_id, world, load).await
+}
+
+async fn resolve_now(
     app: &App,
     conn: &mut AnyConnection,
     pool_id: &str,
@@ -229,9 +242,10 @@ pub async fn resolve(
 pub async fn placer_for(
     app: &App,
     conn: &mut AnyConnection,
+    at: Version,
     pool: &Pool,
 ) -> Result<Box<dyn Placer>> {
-    let resolved = resolve(app, conn, &pool.id, World::Placer).await?;
+    let resolved = resolve(app, conn, at, &pool.id, World::Placer).await?;
     Ok(Box::new(WasmPlacer {
         host: app.policy.clone(),
         loaded: resolved.loaded,
