@@ -5,6 +5,8 @@
 //! database's constraints arbitrate between replicas. On SQLite it also takes the process's
 //! write lock first, so every check-then-write transaction runs alone: SQLite has one
 //! writer anyway, and serializing in the process avoids `SQLITE_BUSY` upgrade failures.
+//! Those transactions all run on one connection of their own, whose page cache stays
+//! valid from one to the next (a connection drops its cache whenever another commits).
 
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
@@ -30,6 +32,8 @@ pub enum Backend {
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
+    /// Where write transactions run: on SQLite one connection, on PostgreSQL `pool`.
+    writer: AnyPool,
     backend: Backend,
     sqlite_writer: Arc<Mutex<()>>,
 }
@@ -57,31 +61,30 @@ impl Store {
         if let Some((path, create)) = &sqlite_file {
             make_private(path, *create)?;
         }
-        let pool = match backend {
-            Backend::Sqlite => {
-                AnyPoolOptions::new()
-                    .max_connections(8)
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            // Reads map the file rather than copy pages: each commit empties
-                            // the other connections' page caches.
-                            conn.execute(
-                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+        let sqlite = |max_connections: u32| {
+            AnyPoolOptions::new()
+                .max_connections(max_connections)
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        // Reads map the file rather than copy pages: each commit empties
+                        // the other connections' page caches.
+                        conn.execute(
+                            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
                                  PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 10000; \
                                  PRAGMA mmap_size = 1073741824;",
-                            )
-                            .await?;
-                            Ok(())
-                        })
+                        )
+                        .await?;
+                        Ok(())
                     })
-                    .connect_with(options)
-                    .await
-            }
+                })
+        };
+        let pool = match backend {
+            Backend::Sqlite => sqlite(8).connect_with(options.clone()).await,
             Backend::Postgres => {
                 AnyPoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(10))
-                    .connect_with(options)
+                    .connect_with(options.clone())
                     .await
             }
         }
@@ -95,8 +98,13 @@ impl Store {
             // The WAL and shared-memory files now exist too.
             make_private(path, false)?;
         }
+        let writer = match &sqlite_file {
+            Some(_) => sqlite(1).connect_lazy_with(options),
+            None => pool.clone(),
+        };
         Ok(Store {
             pool,
+            writer,
             backend,
             sqlite_writer: Arc::new(Mutex::new(())),
         })
@@ -170,13 +178,14 @@ impl Store {
             Backend::Postgres => None,
         };
         Ok(Tx {
-            tx: self.pool.begin().await?,
+            tx: self.writer.begin().await?,
             _writer: writer,
         })
     }
 
     /// Closes every connection; called on shutdown after the last request finished.
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 }
