@@ -23,6 +23,7 @@ mod node_reservations;
 mod orgs;
 mod plugins;
 mod races;
+mod settings;
 mod spot;
 mod system;
 mod transitions;
