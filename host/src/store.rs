@@ -327,23 +327,26 @@ impl Batch {
         self
     }
 
-    /// Runs the statements in order and answers how many rows they changed in all.
-    pub async fn execute(self, conn: &mut AnyConnection) -> sqlx::Result<u64> {
-        let sql = match (self.postgres, self.statements.len()) {
-            (_, 0) => return Ok(0),
-            (false, _) | (true, 1) => self.statements.join(";\n"),
-            (true, n) => {
+    /// Runs the statements in order and answers how many rows each changed.
+    pub async fn execute(self, conn: &mut AnyConnection) -> sqlx::Result<Vec<u64>> {
+        let n = self.statements.len();
+        let sql = match (self.postgres, n) {
+            (_, 0) => return Ok(Vec::new()),
+            (_, 1) => self.statements[0].clone(),
+            // Each statement's count follows it (rows changed by the statement before).
+            (false, _) => (self.statements.iter())
+                .map(|s| format!("{s};\nSELECT changes()"))
+                .collect::<Vec<_>>()
+                .join(";\n"),
+            // The parts run in the order the final select reads them.
+            (true, _) => {
                 let parts: Vec<String> = (self.statements.iter().enumerate())
                     .map(|(i, s)| format!("s{i} AS ({s} RETURNING 1)"))
                     .collect();
-                let count: Vec<String> = (0..n)
-                    .map(|i| format!("(SELECT COUNT(*) FROM s{i})"))
+                let counts: Vec<String> = (0..n)
+                    .map(|i| format!("CAST((SELECT COUNT(*) FROM s{i}) AS BIGINT)"))
                     .collect();
-                format!(
-                    "WITH {} SELECT CAST({} AS BIGINT)",
-                    parts.join(", "),
-                    count.join(" + ")
-                )
+                format!("WITH {} SELECT {}", parts.join(", "), counts.join(", "))
             }
         };
         let mut query = sqlx::query(&sql);
@@ -354,12 +357,16 @@ impl Batch {
                 Value::Bool(v) => query.bind(v),
             };
         }
-        if self.postgres && self.statements.len() > 1 {
-            let changed: i64 = sqlx::Row::get(&query.fetch_one(conn).await?, 0);
-            Ok(changed as u64)
-        } else {
-            Ok(query.execute(conn).await?.rows_affected())
+        if n == 1 {
+            return Ok(vec![query.execute(conn).await?.rows_affected()]);
         }
+        let rows = query.fetch_all(conn).await?;
+        let count = |row: &sqlx::any::AnyRow, i: usize| sqlx::Row::get::<i64, _>(row, i) as u64;
+        let counts = match self.postgres {
+            true => (0..n).map(|i| count(&rows[0], i)).collect(),
+            false => rows.iter().map(|row| count(row, 0)).collect(),
+        };
+        Ok(counts)
     }
 }
 

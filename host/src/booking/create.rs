@@ -313,7 +313,7 @@ async fn insert_draft(
         details: Some(json!({ "request": draft.request })),
     };
     audit::push(&mut batch, caller, entry, draft.created_at);
-    Ok(batch.execute(conn).await? == 2)
+    Ok(batch.execute(conn).await? == [1, 1])
 }
 
 fn confirmation_required(r: &Reservation) -> Error {
@@ -596,31 +596,35 @@ async fn charge_and_place(
                     continue;
                 }
             };
-        if let Some(resource) =
-            store::apply_charge(&mut tx, &r.pool_id, &r.tenant_id, &charge, 1, Some(&limits))
-                .await?
-        {
+        // One round trip writes the reservation, its audit entry, the quota charge and the
+        // event, so the tenant's quota rows stay locked only until the commit right after.
+        // The quota is charged before the event's outbox lock, in the order a release
+        // refunds and emits.
+        r.charge = Some(charge.clone());
+        r.operate("create", now);
+        let mut batch = Batch::on(&tx);
+        store::push_update(&mut batch, &r);
+        let entry = Entry {
+            org_id: &r.tenant_id,
+            action: "compute-reservation.create",
+            object_type: "compute-reservation",
+            object_id: &r.id,
+            reason: None,
+            details: Some(json!({ "state": r.state, "charge": r.charge })),
+        };
+        audit::push(&mut batch, caller, entry, now);
+        let tenant = (r.pool_id.as_str(), r.tenant_id.as_str());
+        let charged = store::push_charge(&mut batch, tenant, &charge, 1, Some(&limits));
+        push_event(&mut batch, &r, placement_event(placed, pool), json!({}));
+        let rows = batch.execute(&mut tx).await?;
+        if rows[0] != 1 {
+            return Err(super::lifecycle::changed_concurrently(&r));
+        }
+        if let Some(resource) = store::unfitting(charged, &rows[2..]) {
             tx.rollback().await?;
             return Err(quota_exceeded(app, &r, &charge, &limits, &resource).await?);
         }
-        r.charge = Some(charge);
-        r.operate("create", now);
-        let written = store::update_then(&mut tx, &mut r, |batch, r| {
-            let entry = Entry {
-                org_id: &r.tenant_id,
-                action: "compute-reservation.create",
-                object_type: "compute-reservation",
-                object_id: &r.id,
-                reason: None,
-                details: Some(json!({ "state": r.state, "charge": r.charge })),
-            };
-            audit::push(batch, caller, entry, now);
-            push_event(batch, r, placement_event(placed, pool), json!({}));
-        })
-        .await?;
-        if !written {
-            return Err(super::lifecycle::changed_concurrently(&r));
-        }
+        r.version += 1;
         place::commit(app, tx, since, &r, &preempted, now).await?;
         return Ok(Some(r));
     }

@@ -389,7 +389,7 @@ pub async fn page(
 pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<bool> {
     let mut batch = Batch::on(conn);
     push_insert(&mut batch, r);
-    Ok(batch.execute(conn).await? == 1)
+    Ok(batch.execute(conn).await? == [1])
 }
 
 /// Adds the insert of `r` ([`insert`]) to `batch`: one row, none when the id exists.
@@ -458,6 +458,19 @@ pub async fn update_then(
     then: impl FnOnce(&mut Batch, &Reservation),
 ) -> Result<bool> {
     let mut batch = Batch::on(conn);
+    push_update(&mut batch, r);
+    then(&mut batch, r);
+    let matched = batch.execute(conn).await?.iter().all(|&rows| rows == 1);
+    if matched {
+        r.version += 1;
+    }
+    Ok(matched)
+}
+
+/// Adds the write of every mutable column of `r` to `batch`, if the row is still at the
+/// version `r` was read at (one row, or none): see [`update`]. The caller moves `r` to the
+/// next version once it matched.
+pub fn push_update(batch: &mut Batch, r: &Reservation) {
     batch.push(
         "UPDATE compute_reservations SET state = $1, start_ms = $2, end_ms = $3, lease_deadline_ms = $4, resources = $5,
              charge = $6, conditions = $7, reason = $8, node_id = $9, placed_by = $10, confirmation_id = $11,
@@ -483,14 +496,6 @@ pub async fn update_then(
             r.version.into(),
         ],
     );
-    r.version += 1;
-    then(&mut batch, r);
-    let rows = batch.len() as u64;
-    let matched = batch.execute(conn).await? == rows;
-    if !matched {
-        r.version -= 1;
-    }
-    Ok(matched)
 }
 
 /// Books `units` of `node_id` and its host resources for the reservation over its window,
@@ -535,7 +540,7 @@ pub async fn insert_bookings(
     values.extend(units.iter().map(Value::from));
     batch.push(&sql, values);
     let host = r.resources;
-    let mut rows = units.len() as u64;
+    let mut rows = vec![units.len() as u64];
     if host != HostBooking::default() {
         batch.push(
             "INSERT INTO host_bookings (reservation_id, node_id, vcpu, memory_gib, hugepages_1gi, start_ms, end_ms, active)
@@ -551,7 +556,7 @@ pub async fn insert_bookings(
                 true.into(),
             ],
         );
-        rows += 1;
+        rows.push(1);
     }
     Ok(batch.execute(conn).await? == rows)
 }
@@ -628,6 +633,22 @@ pub async fn apply_charge(
     sign: i64,
     limits: Option<&BTreeMap<String, i64>>,
 ) -> Result<Option<String>> {
+    let mut batch = Batch::on(conn);
+    let resources = push_charge(&mut batch, (pool_id, tenant_id), charge, sign, limits);
+    let rows = batch.execute(conn).await?;
+    Ok(unfitting(resources, &rows))
+}
+
+/// Adds [`apply_charge`]'s writes to `batch`, one row each, and answers the resource each
+/// writes, in order: [`unfitting`] tells from their counts which did not fit.
+pub fn push_charge(
+    batch: &mut Batch,
+    (pool_id, tenant_id): (&str, &str),
+    charge: &BTreeMap<String, i64>,
+    sign: i64,
+    limits: Option<&BTreeMap<String, i64>>,
+) -> Vec<String> {
+    let mut resources = Vec::new();
     for (resource, amount) in charge.iter().filter(|(_, a)| **a != 0) {
         let limit = limits.map(|l| l.get(resource).copied().unwrap_or(0));
         // A charge inserts the usage row or adds to it, only where it fits (usage is never
@@ -643,17 +664,26 @@ pub async fn apply_charge(
             "UPDATE quota_usage SET used = used + $1
              WHERE pool_id = $2 AND tenant_id = $3 AND resource = $4 AND ($5 IS NULL OR used + $1 <= $5)"
         };
-        let done = sqlx::query(sql)
-            .bind(sign * amount)
-            .bind(pool_id)
-            .bind(tenant_id)
-            .bind(resource)
-            .bind(limit)
-            .execute(&mut *conn)
-            .await?;
-        if done.rows_affected() == 0 {
-            return Ok(Some(resource.clone()));
-        }
+        batch.push(
+            sql,
+            vec![
+                (sign * amount).into(),
+                pool_id.into(),
+                tenant_id.into(),
+                resource.as_str().into(),
+                limit.into(),
+            ],
+        );
+        resources.push(resource.clone());
     }
-    Ok(None)
+    resources
+}
+
+/// The first of `resources` (as [`push_charge`] answered) whose write changed no row.
+pub fn unfitting(resources: Vec<String>, rows: &[u64]) -> Option<String> {
+    resources
+        .into_iter()
+        .zip(rows)
+        .find(|(_, rows)| **rows == 0)
+        .map(|(resource, _)| resource)
 }
