@@ -163,28 +163,22 @@ pub async fn load(conn: &mut AnyConnection, filter: Filter<'_>, lock: &str) -> R
          WHERE reservation_id IN (SELECT id FROM node_reservations WHERE {clause})
          ORDER BY reservation_id, position"
     );
-    let (reservations, units) = match &arg {
-        Arg::Text(t) => (
-            sqlx::query(&reservations_sql)
-                .bind(t)
-                .fetch_all(&mut *conn)
-                .await?,
-            sqlx::query(&units_sql)
-                .bind(t)
-                .fetch_all(&mut *conn)
-                .await?,
-        ),
-        Arg::Number(n) => (
-            sqlx::query(&reservations_sql)
-                .bind(n)
-                .fetch_all(&mut *conn)
-                .await?,
-            sqlx::query(&units_sql)
-                .bind(n)
-                .fetch_all(&mut *conn)
-                .await?,
-        ),
-    };
+    let reservations = match &arg {
+        Arg::Text(t) => sqlx::query(&reservations_sql).bind(t),
+        Arg::Number(n) => sqlx::query(&reservations_sql).bind(n),
+    }
+    .fetch_all(&mut *conn)
+    .await?;
+    // Units of reservations this read did not return would be passed over anyway.
+    if reservations.is_empty() {
+        return Ok(Vec::new());
+    }
+    let units = match &arg {
+        Arg::Text(t) => sqlx::query(&units_sql).bind(t),
+        Arg::Number(n) => sqlx::query(&units_sql).bind(n),
+    }
+    .fetch_all(&mut *conn)
+    .await?;
     assemble(&reservations, &units)
 }
 
