@@ -123,12 +123,15 @@ pub fn quota_fits<'a>(
 /// The per-GPU share of host resources: the policy's, or else the smallest share any GPU
 /// host can give (its CPUs or memory divided by its whole GPUs). `None` when no GPU host
 /// reports CPU or memory.
-pub fn per_gpu_share(policy: &PoolPolicy, gpu_hosts: &[(i64, i64, i64)]) -> Option<PerGpu> {
+pub fn per_gpu_share(
+    policy: &PoolPolicy,
+    gpu_hosts: impl IntoIterator<Item = (i64, i64, i64)>,
+) -> Option<PerGpu> {
     if let Some(share) = policy.per_gpu {
         return Some(share);
     }
     gpu_hosts
-        .iter()
+        .into_iter()
         .filter(|(vcpu, memory, gpus)| *gpus > 0 && (*vcpu > 0 || *memory > 0))
         .map(|(vcpu, memory, gpus)| PerGpu {
             vcpu: vcpu / gpus,
@@ -170,7 +173,7 @@ mod tests {
     #[test]
     fn per_gpu_share_is_the_policy_or_the_smallest_host_share() {
         let hosts = [(224, 2048, 8), (96, 1024, 8), (64, 512, 0)];
-        let derived = per_gpu_share(&PoolPolicy::default(), &hosts).unwrap();
+        let derived = per_gpu_share(&PoolPolicy::default(), hosts).unwrap();
         assert_eq!(
             derived,
             PerGpu {
@@ -185,9 +188,9 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(per_gpu_share(&policy, &hosts).unwrap().vcpu, 8);
+        assert_eq!(per_gpu_share(&policy, hosts).unwrap().vcpu, 8);
         assert_eq!(
-            per_gpu_share(&PoolPolicy::default(), &[(0, 0, 8)]),
+            per_gpu_share(&PoolPolicy::default(), [(0, 0, 8)]),
             None,
             "hosts without CPU or memory rows"
         );

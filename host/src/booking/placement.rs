@@ -428,13 +428,10 @@ impl Snapshot {
     /// The per-GPU share of host resources in this pool: the policy's, or the smallest any
     /// of its GPU hosts can give.
     pub fn per_gpu_share(&self, policy: &crate::pools::PoolPolicy) -> Option<crate::pools::PerGpu> {
-        let gpu_hosts: Vec<(i64, i64, i64)> = self
-            .nodes
-            .iter()
+        let gpu_hosts = (self.nodes.iter())
             .filter(|c| !c.is_lost())
-            .map(|c| (c.node.host.vcpu, c.node.host.memory_gib, c.gpus()))
-            .collect();
-        crate::pools::per_gpu_share(policy, &gpu_hosts)
+            .map(|c| (c.node.host.vcpu, c.node.host.memory_gib, c.gpus()));
+        crate::pools::per_gpu_share(policy, gpu_hosts)
     }
 
     /// The feasible candidates for `reservation`: the units it may take that are free over
