@@ -311,15 +311,6 @@ impl Batch {
         self.postgres
     }
 
-    /// How many statements the batch holds.
-    pub fn len(&self) -> usize {
-        self.statements.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.statements.is_empty()
-    }
-
     /// Adds `sql`, whose parameters `$1…` are `values`.
     pub fn push(&mut self, sql: &str, values: Vec<Value>) -> &mut Batch {
         self.statements.push(renumber(sql, self.values.len()));

@@ -618,6 +618,7 @@ async fn charge_and_place(
         push_event(&mut batch, &r, placement_event(placed, pool), json!({}));
         let rows = batch.execute(&mut tx).await?;
         if rows[0] != 1 {
+            tx.rollback().await?;
             return Err(super::lifecycle::changed_concurrently(&r));
         }
         if let Some(resource) = store::unfitting(charged, &rows[2..]) {

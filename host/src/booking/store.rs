@@ -385,14 +385,8 @@ pub async fn page(
     load(conn, rows).await
 }
 
-/// Writes a new reservation (a draft); `false` (nothing written) when its id exists.
-pub async fn insert(conn: &mut AnyConnection, r: &Reservation) -> sqlx::Result<bool> {
-    let mut batch = Batch::on(conn);
-    push_insert(&mut batch, r);
-    Ok(batch.execute(conn).await? == [1])
-}
-
-/// Adds the insert of `r` ([`insert`]) to `batch`: one row, none when the id exists.
+/// Adds the insert of the new reservation `r` to `batch`: one row, none when the id
+/// exists.
 pub fn push_insert(batch: &mut Batch, r: &Reservation) {
     let sql = format!(
         "INSERT INTO compute_reservations (position, {COLUMNS})
