@@ -24,6 +24,35 @@ pub use provider::ProviderCommand;
 /// An API answer and how to show it as a table.
 type Shown = (Value, fn(&Value) -> String);
 
+/// One page of a list whose cursor is the id of the last item of the page before.
+#[derive(Debug, Clone, Args)]
+pub struct Paging {
+    /// How many items (1-200; the server's default is 50).
+    #[arg(long)]
+    limit: Option<u32>,
+    /// Where the page starts: the `more: --cursor` of the previous page.
+    #[arg(long)]
+    cursor: Option<String>,
+}
+
+impl Paging {
+    /// `path` with the page's query parameters.
+    fn on(&self, path: String) -> String {
+        let query: Vec<String> = [
+            ("limit", self.limit.map(|l| l.to_string())),
+            ("cursor", self.cursor.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(name, v)| v.map(|v| format!("{name}={v}")))
+        .collect();
+        match (query.is_empty(), path.contains('?')) {
+            (true, _) => path,
+            (false, false) => format!("{path}?{}", query.join("&")),
+            (false, true) => format!("{path}&{}", query.join("&")),
+        }
+    }
+}
+
 /// Where and as whom the client talks to the server.
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
@@ -75,16 +104,18 @@ pub enum ClientCommand {
     /// The GraphQL API's schema.
     #[command(subcommand)]
     Graphql(graphql::GraphqlCommand),
-    /// The units an org could place on now, per node.
-    Catalog { org: String },
+    /// The units an org could place on now, per node, a page of nodes at a time.
+    Catalog {
+        org: String,
+        #[command(flatten)]
+        page: Paging,
+    },
     /// The audit trail, newest first.
     Audit {
         #[arg(long)]
         org: Option<String>,
-        #[arg(long, default_value_t = 50)]
-        limit: u32,
-        #[arg(long)]
-        cursor: Option<String>,
+        #[command(flatten)]
+        page: Paging,
     },
     /// Events the caller's org may see, oldest first.
     Events {
@@ -144,8 +175,11 @@ pub enum NodesCommand {
         #[arg(long)]
         file: PathBuf,
     },
+    /// The nodes an org owns, by id, a page at a time.
     List {
         org: String,
+        #[command(flatten)]
+        page: Paging,
     },
     Get {
         node_id: String,
@@ -285,9 +319,9 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
             let path = format!("/v1/orgs/{org}/provider/nodes/{node_id}");
             (client.put(&path, &body).await?, render::node)
         }
-        ClientCommand::Nodes(NodesCommand::List { org }) => (
+        ClientCommand::Nodes(NodesCommand::List { org, page }) => (
             client
-                .get(&format!("/v1/orgs/{org}/provider/nodes"))
+                .get(&page.on(format!("/v1/orgs/{org}/provider/nodes")))
                 .await?,
             render::nodes,
         ),
@@ -303,19 +337,18 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
         }
         ClientCommand::Iam(command) => iam::run_iam(&client, command).await?,
         ClientCommand::Confirmations(command) => iam::run_confirmations(&client, command).await?,
-        ClientCommand::Catalog { org } => (
-            client.get(&format!("/v1/orgs/{org}/catalog")).await?,
+        ClientCommand::Catalog { org, page } => (
+            client
+                .get(&page.on(format!("/v1/orgs/{org}/catalog")))
+                .await?,
             render::catalog,
         ),
-        ClientCommand::Audit { org, limit, cursor } => {
-            let mut path = format!("/v1/audit?limit={limit}");
-            if let Some(org) = org {
-                path.push_str(&format!("&orgId={org}"));
-            }
-            if let Some(cursor) = cursor {
-                path.push_str(&format!("&cursor={cursor}"));
-            }
-            (client.get(&path).await?, render::audit)
+        ClientCommand::Audit { org, page } => {
+            let path = match org {
+                Some(org) => format!("/v1/audit?orgId={org}"),
+                None => "/v1/audit".to_string(),
+            };
+            (client.get(&page.on(path)).await?, render::audit)
         }
         ClientCommand::Events { after, limit } => {
             let query: Vec<String> = [("after", after), ("limit", limit)]

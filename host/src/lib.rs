@@ -10,6 +10,7 @@ pub mod audit;
 pub mod bench;
 pub mod booking;
 pub mod capacity;
+pub mod catalog;
 pub mod cli;
 pub mod clock;
 pub mod demo;

@@ -896,7 +896,7 @@ async fn inventory_labels_round_trip_and_do_not_bump_the_topology_generation(db:
     assert_eq!(labels_of(&got), expected);
     assert_eq!(got["topologyGen"], 1);
     let (_, listed) = provider.get("/v1/orgs/acme/provider/nodes").await;
-    assert_eq!(labels_of(&listed[0]), expected);
+    assert_eq!(labels_of(&listed["items"][0]), expected);
 
     // The same report again changes nothing.
     server.set_clock(T0 + 60_000).await;

@@ -182,7 +182,7 @@ async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
     )
     .await;
     let (_, rest_nodes) = w.provider.get("/v1/orgs/acme/provider/nodes").await;
-    let rest_ids: Vec<String> = rest_nodes
+    let rest_ids: Vec<String> = rest_nodes["items"]
         .as_array()
         .unwrap()
         .iter()

@@ -14,7 +14,61 @@ on_both_databases!(
     nodes_are_visible_to_ops_and_their_owner_only,
     another_org_cannot_take_over_a_node,
     concurrent_first_registrations_create_one_node,
+    the_node_list_pages_by_id_over_rest_and_graphql,
 );
+
+async fn the_node_list_pages_by_id_over_rest_and_graphql(db: Db) {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    let other = server.org_with_key("bcme", "provider").await;
+    for node in ["n3", "n1", "n5", "n2", "n4"] {
+        register_node(&provider, "acme", node, 1).await;
+    }
+    register_node(&other, "bcme", "n0", 1).await;
+
+    let mut pages = Vec::new();
+    let mut path = "/v1/orgs/acme/provider/nodes?limit=2".to_string();
+    loop {
+        let (status, page) = provider.get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let ids: Vec<&str> = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["id"].as_str().unwrap())
+            .collect();
+        pages.push(ids.join(","));
+        match page["cursor"].as_str() {
+            Some(cursor) => path = format!("/v1/orgs/acme/provider/nodes?limit=2&cursor={cursor}"),
+            None => break,
+        }
+        assert!(pages.len() < 5, "the cursor must end: {pages:?}");
+    }
+    assert_eq!(pages, ["n1,n2", "n3,n4", "n5"]);
+
+    let (status, body) = provider
+        .post(
+            "/graphql",
+            json!({ "query": "{ nodes(first: 2, after: \"n2\") { edges { node { id } cursor } pageInfo { hasNextPage } } }" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["data"]["nodes"],
+        json!({
+            "edges": [{ "node": { "id": "n3" }, "cursor": "n3" }, { "node": { "id": "n4" }, "cursor": "n4" }],
+            "pageInfo": { "hasNextPage": true },
+        })
+    );
+
+    for (query, field) in [("limit=0", "limit"), ("limit=201", "limit"), ("cursor=%00", "cursor")] {
+        let (status, err) = provider
+            .get(&format!("/v1/orgs/acme/provider/nodes?{query}"))
+            .await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+        assert_eq!(err["error"]["details"]["field"], field, "{err}");
+    }
+}
 
 async fn registering_a_node_starts_at_topology_generation_one(db: Db) {
     let server = Server::start(db).await;
@@ -31,7 +85,7 @@ async fn registering_a_node_starts_at_topology_generation_one(db: Db) {
     assert_eq!(node["units"][5]["nvlinkDomain"], "nvl1");
     assert_eq!(node["host"]["memoryGiB"], 2048);
     let (_, list) = provider.get("/v1/orgs/acme/provider/nodes").await;
-    assert_eq!(list, json!([node]));
+    assert_eq!(list, json!({ "items": [node] }));
 }
 
 async fn resending_the_same_inventory_changes_nothing(db: Db) {

@@ -72,7 +72,7 @@ async fn demo_seeds_four_h100_nodes_and_prints_working_keys(db: Db) {
     let provider = server.as_key(&provider_key);
     let (status, nodes) = provider.get("/v1/orgs/acme-gpu/provider/nodes").await;
     assert_eq!(status, StatusCode::OK, "{nodes}");
-    let nodes = nodes.as_array().unwrap();
+    let nodes = nodes["items"].as_array().unwrap();
     assert_eq!(nodes.len(), 4);
     for node in nodes {
         let units = node["units"].as_array().unwrap();
@@ -105,7 +105,10 @@ async fn demo_seeds_four_h100_nodes_and_prints_working_keys(db: Db) {
         .as_key(&provider_key)
         .get("/v1/orgs/acme-gpu/provider/nodes")
         .await;
-    assert_eq!(nodes[0]["topologyGen"], 1, "re-seeding changes nothing");
+    assert_eq!(
+        nodes["items"][0]["topologyGen"], 1,
+        "re-seeding changes nothing"
+    );
 }
 
 fn banner_value(banner: &str, label: &str) -> String {

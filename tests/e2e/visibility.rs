@@ -24,6 +24,7 @@ on_both_databases!(
     a_managing_org_sees_only_the_node_reservations_it_manages,
     plugins_name_only_the_pools_the_caller_sees,
     the_catalog_shows_only_nodes_of_pools_the_org_owns_or_is_offered,
+    the_catalog_pages_by_node_and_its_cursor_walks_each_visible_node_once,
     a_unit_booked_now_shows_as_booked_in_the_catalog,
 );
 
@@ -517,6 +518,63 @@ async fn the_catalog_shows_only_nodes_of_pools_the_org_owns_or_is_offered(db: Db
         .await;
     assert!(status.is_success(), "{status} {body}");
     assert_eq!(catalog(&tenant_b, "tenant-b").await.0, names(&[]));
+}
+
+async fn the_catalog_pages_by_node_and_its_cursor_walks_each_visible_node_once(db: Db) {
+    let server = Server::start(db).await;
+    let acme = server.org_with_key("acme", "provider").await;
+    for node in ["n1", "n2", "n3", "n4", "n5"] {
+        register_node(&acme, "acme", node, 2).await;
+    }
+    let tenant = server.org_with_key("tenant-a", "member").await;
+    pool(&server, "acme", &["n1", "n2", "n4", "n5"], &["tenant-a"]).await;
+
+    let mut pages = Vec::new();
+    let mut path = "/v1/orgs/tenant-a/catalog?limit=2".to_string();
+    loop {
+        let (status, page) = tenant.get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let ids: Vec<String> = page["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["nodeId"].as_str().unwrap().to_string())
+            .collect();
+        pages.push(ids);
+        match page["cursor"].as_str() {
+            Some(cursor) => path = format!("/v1/orgs/tenant-a/catalog?limit=2&cursor={cursor}"),
+            None => break,
+        }
+        assert!(pages.len() < 5, "the cursor must end: {pages:?}");
+    }
+    assert_eq!(
+        pages,
+        vec![vec!["n1", "n2"], vec!["n4", "n5"]],
+        "n3 is in no pool offered to the tenant"
+    );
+
+    let seen = graphql(
+        &tenant,
+        "{ catalog(first: 1, after: \"n2\") { nodes { nodeId } cursor } }",
+    )
+    .await;
+    assert_eq!(
+        seen["catalog"],
+        json!({ "nodes": [{ "nodeId": "n4" }], "cursor": "n4" })
+    );
+
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=201", "limit"),
+        ("cursor=n%201", "cursor"),
+        ("after=n1", "after"),
+    ] {
+        let (status, err) = tenant
+            .get(&format!("/v1/orgs/tenant-a/catalog?{query}"))
+            .await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+        assert_eq!(err["error"]["details"]["field"], field, "{err}");
+    }
 }
 
 async fn a_unit_booked_now_shows_as_booked_in_the_catalog(db: Db) {

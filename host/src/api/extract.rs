@@ -280,10 +280,31 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
         let axum::extract::Query(pairs) =
             axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)?;
         no_control_chars(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-        axum::extract::Query::<T>::try_from_uri(&parts.uri)
-            .map(|axum::extract::Query(value)| Query(value))
-            .map_err(Error::from)
+        let query = parts.uri.query().unwrap_or_default();
+        let parameters =
+            serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(parameters)
+            .map(Query)
+            .map_err(query_error)
     }
+}
+
+/// A query parameter that does not decode as `INVALID_INPUT`, naming it.
+fn query_error(err: serde_path_to_error::Error<serde::de::value::Error>) -> Error {
+    let path = err.path().to_string();
+    let text = err.into_inner().to_string();
+    let (field, message) = if let Some(name) = quoted_after(&text, "missing field ") {
+        (name, "is required".to_string())
+    } else if let Some(name) = quoted_after(&text, "unknown field ") {
+        let allowed = text
+            .split_once(", ")
+            .map(|(_, rest)| format!(" ({})", rest.replace('`', "")))
+            .unwrap_or_default();
+        (name, format!("unknown query parameter{allowed}"))
+    } else {
+        (path, in_words(&text))
+    };
+    Error::invalid(field, message)
 }
 
 impl From<PathRejection> for Error {

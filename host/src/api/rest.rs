@@ -42,6 +42,29 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .merge(crate::api::rpc::router())
 }
 
+/// `limit` and `cursor` of a list whose cursor is the id of the last item of a page.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// 1-200, default 50.
+    limit: Option<i64>,
+    /// The `cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+impl PageQuery {
+    /// The page's length and the id it starts after, checked.
+    pub fn checked(&self) -> crate::Result<(usize, Option<&str>)> {
+        let limit = self.limit.unwrap_or(50);
+        crate::validation::range("limit", limit, 1, 200)?;
+        if let Some(cursor) = &self.cursor {
+            crate::validation::id("cursor", cursor)?;
+        }
+        Ok((limit as usize, self.cursor.as_deref()))
+    }
+}
+
 /// Cuts a list fetched with `limit + 1` rows into a page and the cursor of the next one.
 pub fn page<T>(mut items: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Page<T> {
     let more = items.len() as i64 > limit;

@@ -57,8 +57,8 @@ pub fn keys(value: &Value) -> String {
 }
 
 pub fn nodes(value: &Value) -> String {
-    let rows = value.as_array().into_iter().flatten().map(node_row);
-    table(
+    let rows = value["items"].as_array().into_iter().flatten().map(node_row);
+    let out = table(
         &[
             "node",
             "org",
@@ -68,7 +68,8 @@ pub fn nodes(value: &Value) -> String {
             "singleClass",
         ],
         rows,
-    )
+    );
+    more(out, value, "--cursor")
 }
 
 pub fn node(value: &Value) -> String {
@@ -138,12 +139,17 @@ pub fn audit(value: &Value) -> String {
         .map(|f| cell(&e[*f]))
         .collect()
     });
-    let mut out = table(
+    let out = table(
         &["id", "at", "actor", "org", "action", "object", "reason"],
         rows,
     );
+    more(out, value, "--cursor")
+}
+
+/// `out` and, while the list goes on, the flag that shows its next page.
+fn more(mut out: String, value: &Value, flag: &str) -> String {
     if let Some(cursor) = value["cursor"].as_str() {
-        out.push_str(&format!("\nmore: --cursor {cursor}"));
+        out.push_str(&format!("\nmore: {flag} {cursor}"));
     }
     out
 }
@@ -188,7 +194,7 @@ pub fn catalog(value: &Value) -> String {
                 ]
             })
         });
-    table(
+    let out = table(
         &[
             "node",
             "unit",
@@ -199,7 +205,8 @@ pub fn catalog(value: &Value) -> String {
             "available until",
         ],
         rows,
-    )
+    );
+    more(out, value, "--cursor")
 }
 
 /// Epoch milliseconds as RFC 3339 in UTC (fractions only when there are some).
@@ -374,11 +381,7 @@ pub fn reservations(value: &Value) -> String {
         .into_iter()
         .flatten()
         .map(compute_row);
-    let mut out = table(&COMPUTE_HEADER, rows);
-    if let Some(cursor) = value["cursor"].as_str() {
-        out.push_str(&format!("\nmore: --cursor {cursor}"));
-    }
-    out
+    more(table(&COMPUTE_HEADER, rows), value, "--cursor")
 }
 
 /// The answer of `extend`: the reservation, and whether its end moved.
@@ -477,9 +480,9 @@ pub fn events(value: &Value) -> String {
             detail.join(" "),
         ]
     });
-    let mut out = table(&["id", "at", "type", "object", "detail"], rows);
-    if let Some(cursor) = value["cursor"].as_str() {
-        out.push_str(&format!("\nmore: --after {cursor}"));
-    }
-    out
+    more(
+        table(&["id", "at", "type", "object", "detail"], rows),
+        value,
+        "--after",
+    )
 }

@@ -17,7 +17,7 @@ use crate::inventory::nodes;
 use crate::node_reservations::queries;
 use crate::policy::registry;
 use crate::pools::store;
-use crate::{Error, audit, earnings, events, validation};
+use crate::{Error, audit, catalog, earnings, events, validation};
 
 pub struct Query;
 
@@ -39,9 +39,17 @@ impl Query {
     ) -> Result<Connection<String, Node>> {
         let caller = caller(ctx)?;
         let org_id = org_id.unwrap_or_else(|| caller.org_id.clone());
-        let nodes = nodes::list(app(ctx), caller, &org_id).await?;
+        let first = limits::page_size(first)?;
+        if let Some(after) = &after {
+            validation::id("after", after)?;
+        }
+        let mut nodes = nodes::list(app(ctx), caller, &org_id, after.as_deref(), first + 1).await?;
+        let has_next = nodes.len() > first;
+        nodes.truncate(first);
         let nodes = nodes.into_iter().map(Node::from).collect();
-        Ok(page::slice(nodes, first, after, |n: &Node| n.id.clone())?)
+        Ok(page::of_page(nodes, after.is_some(), has_next, |n: &Node| {
+            n.id.clone()
+        }))
     }
 
     /// One node: readable by ops and the owning org.
@@ -166,11 +174,23 @@ impl Query {
     }
 
     /// The units an org (by default the caller's) could place on now, per node, on the
-    /// nodes of the pools it owns or is offered.
-    async fn catalog(&self, ctx: &Context<'_>, org_id: Option<String>) -> Result<Catalog> {
+    /// nodes of the pools it owns or is offered: `first` nodes (at most 500, default 50) by id
+    /// after the node `after`; `cursor` continues it while nodes remain.
+    async fn catalog(
+        &self,
+        ctx: &Context<'_>,
+        org_id: Option<String>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Catalog> {
         let caller = caller(ctx)?;
         let org_id = org_id.unwrap_or_else(|| caller.org_id.clone());
-        Ok(queries::catalog(app(ctx), caller, &org_id).await?.into())
+        let first = limits::page_size(first)?;
+        if let Some(after) = &after {
+            validation::id("after", after)?;
+        }
+        let found = catalog::page(app(ctx), caller, &org_id, after.as_deref(), first).await?;
+        Ok(found.into())
     }
 
     /// What a provider org earned, as `GET /v1/orgs/{orgId}/provider/earnings` shows it:

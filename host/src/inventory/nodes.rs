@@ -216,12 +216,17 @@ async fn try_register(
             caller,
             &node,
             change,
-            existing.map(|n| n.topology_gen),
+            existing.as_ref().map(|n| n.topology_gen),
             now,
         )
         .await?;
     }
+    let was_lost = existing.as_ref().is_some_and(Node::is_lost);
     tx.commit().await?;
+    if change != Change::Unchanged || was_lost {
+        // This replica's next read sees the change without waiting for its announcement.
+        app.capacity.forget(&[node.id.clone()]).await;
+    }
     Ok((node, change))
 }
 
@@ -292,8 +297,14 @@ pub async fn get(app: &App, caller: &Principal, node_id: &str) -> Result<Node> {
     }
 }
 
-/// The nodes an org owns, by id.
-pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<Node>> {
+/// At most `limit` of the nodes an org owns, by id, after the node `after`.
+pub async fn list(
+    app: &App,
+    caller: &Principal,
+    org_id: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Node>> {
     caller.require_for(
         Permission::ProviderRead,
         org_id,
@@ -306,26 +317,21 @@ pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<Nod
         return Err(Error::not_found(format_args!("org {org_id}")));
     }
     let mut conn = app.store.pool().acquire().await?;
-    load(&mut conn, Some(org_id)).await
-}
-
-/// Every node of every org, by id (callers decide what to show).
-pub async fn all(conn: &mut AnyConnection) -> Result<Vec<Node>> {
-    load(conn, None).await
-}
-
-async fn load(conn: &mut AnyConnection, org_id: Option<&str>) -> Result<Vec<Node>> {
+    let page = "SELECT id FROM nodes WHERE org_id = $1 AND id > $2 ORDER BY id LIMIT $3";
     let rows = sqlx::query(&format!(
-        "SELECT {NODE_COLUMNS} FROM nodes WHERE ($1 IS NULL OR org_id = $1) ORDER BY id"
+        "SELECT {NODE_COLUMNS} FROM nodes WHERE id IN ({page}) ORDER BY id"
     ))
     .bind(org_id)
+    .bind(after.unwrap_or(""))
+    .bind(limit as i64)
     .fetch_all(&mut *conn)
     .await?;
     let unit_rows = sqlx::query(&format!(
-        "SELECT node_id, {UNIT_COLUMNS} FROM units
-         WHERE node_id IN (SELECT id FROM nodes WHERE ($1 IS NULL OR org_id = $1)) ORDER BY node_id, position"
+        "SELECT node_id, {UNIT_COLUMNS} FROM units WHERE node_id IN ({page}) ORDER BY node_id, position"
     ))
     .bind(org_id)
+    .bind(after.unwrap_or(""))
+    .bind(limit as i64)
     .fetch_all(&mut *conn)
     .await?;
     assemble(&rows, &unit_rows)

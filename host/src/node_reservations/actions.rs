@@ -182,8 +182,17 @@ pub async fn create(
         reason: record.reason.clone(),
     };
     record_change(&mut tx, caller, &node, &record, change, now).await?;
-    tx.commit().await?;
+    commit(app, tx, &node.id).await?;
     Ok(view)
+}
+
+/// Commits a change of a reservation on `node_id`, and has this replica's capacity view
+/// read the node again, so this replica's next read sees it without waiting for the
+/// announcement.
+async fn commit(app: &App, tx: Tx, node_id: &str) -> Result<()> {
+    tx.commit().await?;
+    app.capacity.forget(&[node_id.to_string()]).await;
+    Ok(())
 }
 
 fn check_reservable(node: &Node, unit_ids: &[String]) -> Result<()> {
@@ -470,7 +479,7 @@ pub async fn release(
         reason: body.reason,
     };
     record_change(&mut tx, caller, &node, &record, change, now).await?;
-    tx.commit().await?;
+    commit(app, tx, &node.id).await?;
     Ok(record.view(now))
 }
 
@@ -520,7 +529,7 @@ pub async fn reclaim(
         reason: body.reason,
     };
     record_change(&mut tx, caller, &node, &record, change, now).await?;
-    tx.commit().await?;
+    commit(app, tx, &node.id).await?;
     let mut view = record.view(now);
     view.terminated = Some(terminated);
     view.skipped = Some(workloads.other);
@@ -576,7 +585,7 @@ pub async fn end(
         reason: body.reason,
     };
     record_change(&mut tx, caller, &node, &record, change, now).await?;
-    tx.commit().await?;
+    commit(app, tx, &node.id).await?;
     Ok(record.view(now))
 }
 
@@ -649,7 +658,7 @@ pub async fn reaffirm(
         reason: body.reason,
     };
     record_change(&mut tx, caller, &node, &record, change, now).await?;
-    tx.commit().await?;
+    commit(app, tx, &node.id).await?;
     Ok(record.view(now))
 }
 

@@ -1,17 +1,16 @@
 //! Reading node reservations: by node, by id, by audience, and the catalog of what an org
 //! may place on now. Visibility is decided by the rules in the parent module.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use serde::Serialize;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row as _};
 
-use super::{Lifecycle, Rights, Status, Term, Tier, access, may_read};
+use super::{Lifecycle, Rights, Status, Term, may_read};
 use crate::clock::{format_ms, parse_rfc3339};
-use crate::iam::{OPS_ORG, Permission, Principal};
+use crate::iam::{Permission, Principal};
 use crate::inventory::nodes::{self, Node};
-use crate::inventory::{DeviceClass, UnitClass};
 use crate::store::{flag, json_strings};
 use crate::{App, Error, Result};
 
@@ -134,24 +133,14 @@ pub enum Filter<'a> {
     Node(&'a str),
     /// Those whose audience text mentions the org (refined exactly after loading).
     Audience(&'a str),
-    /// Those not cancelled and not ended before the instant.
-    LiveAt(i64),
 }
 
 /// Loads reservations and their units, newest first.
 pub async fn load(conn: &mut AnyConnection, filter: Filter<'_>, lock: &str) -> Result<Vec<Record>> {
-    enum Arg {
-        Text(String),
-        Number(i64),
-    }
     let (clause, arg) = match filter {
-        Filter::Id(id) => ("id = $1", Arg::Text(id.to_string())),
-        Filter::Node(node) => ("node_id = $1", Arg::Text(node.to_string())),
-        Filter::Audience(org) => ("allowed_org_ids LIKE $1", Arg::Text(format!("%\"{org}\"%"))),
-        Filter::LiveAt(now) => (
-            "lifecycle <> 'cancelled' AND (ends_at IS NULL OR ends_at > $1)",
-            Arg::Number(now),
-        ),
+        Filter::Id(id) => ("id = $1", id.to_string()),
+        Filter::Node(node) => ("node_id = $1", node.to_string()),
+        Filter::Audience(org) => ("allowed_org_ids LIKE $1", format!("%\"{org}\"%")),
     };
     let reservations_sql = format!(
         "SELECT id, node_id, allowed_org_ids, managing_org_ids, starts_at, ends_at, lifecycle, topology_gen,
@@ -163,22 +152,18 @@ pub async fn load(conn: &mut AnyConnection, filter: Filter<'_>, lock: &str) -> R
          WHERE reservation_id IN (SELECT id FROM node_reservations WHERE {clause})
          ORDER BY reservation_id, position"
     );
-    let reservations = match &arg {
-        Arg::Text(t) => sqlx::query(&reservations_sql).bind(t),
-        Arg::Number(n) => sqlx::query(&reservations_sql).bind(n),
-    }
-    .fetch_all(&mut *conn)
-    .await?;
+    let reservations = sqlx::query(&reservations_sql)
+        .bind(&arg)
+        .fetch_all(&mut *conn)
+        .await?;
     // Units of reservations this read did not return would be passed over anyway.
     if reservations.is_empty() {
         return Ok(Vec::new());
     }
-    let units = match &arg {
-        Arg::Text(t) => sqlx::query(&units_sql).bind(t),
-        Arg::Number(n) => sqlx::query(&units_sql).bind(n),
-    }
-    .fetch_all(&mut *conn)
-    .await?;
+    let units = sqlx::query(&units_sql)
+        .bind(&arg)
+        .fetch_all(&mut *conn)
+        .await?;
     assemble(&reservations, &units)
 }
 
@@ -363,190 +348,6 @@ pub fn parse_status(value: Option<&str>) -> Result<Option<Status>> {
             })
         })
         .transpose()
-}
-
-/// What an org may place on now, node by node.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Catalog {
-    pub org_id: String,
-    pub at: String,
-    pub nodes: Vec<CatalogNode>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CatalogNode {
-    pub node_id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    pub units: Vec<CatalogUnit>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CatalogUnit {
-    pub id: String,
-    pub class: UnitClass,
-    pub device_class: DeviceClass,
-    pub model: String,
-    #[serde(rename = "memoryGiB")]
-    pub memory_gib: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nvlink_domain: Option<String>,
-    /// `open`, `reserved` (to this org's audience), `spot-only` (released to the market) or
-    /// `booked` (a compute reservation holds it now).
-    pub tier: CatalogTier,
-    /// The reservation that reserves or released the unit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reservation_id: Option<String>,
-    /// When a reservation that excludes this org starts on the unit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub available_until: Option<String>,
-}
-
-/// How an org may use one unit now, as the catalog shows it: the unit's rights ([`Tier`]),
-/// unless a compute reservation holds it now.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schema(as = Tier)]
-pub enum CatalogTier {
-    /// No reservation holds the unit now: anyone may place.
-    Open,
-    /// Reserved to the org's audience: only it (and the platform) may place.
-    Reserved,
-    /// Released from a reservation to the spot market: anyone, at spot tier only.
-    SpotOnly,
-    /// A compute reservation (placed, binding or active) holds the unit now.
-    Booked,
-}
-
-impl From<Tier> for CatalogTier {
-    fn from(tier: Tier) -> Self {
-        match tier {
-            Tier::Open => CatalogTier::Open,
-            Tier::Reserved => CatalogTier::Reserved,
-            Tier::SpotOnly => CatalogTier::SpotOnly,
-        }
-    }
-}
-
-/// The nodes `org_id` could place on: those of the pools it owns or is offered that are not
-/// archived (the pools it may book into); every node for the ops org.
-async fn catalog_node_ids(
-    conn: &mut AnyConnection,
-    org_id: &str,
-) -> Result<Option<HashSet<String>>> {
-    if org_id == OPS_ORG {
-        return Ok(None);
-    }
-    let ids: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT pn.node_id FROM pool_nodes pn JOIN pools p ON p.id = pn.pool_id
-         WHERE p.archived_at IS NULL
-           AND (p.owner_org_id = $1 OR p.id IN (SELECT pool_id FROM offers WHERE tenant_id = $1))",
-    )
-    .bind(org_id)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(Some(ids.into_iter().collect()))
-}
-
-/// The units a compute reservation holds at `now` (an active booking whose window contains
-/// it), as `(node id, unit id)`.
-async fn booked_units(conn: &mut AnyConnection, now: i64) -> Result<HashSet<(String, String)>> {
-    let rows = sqlx::query(
-        "SELECT node_id, unit_id FROM bookings WHERE active = $1 AND start_ms <= $2 AND end_ms > $2",
-    )
-    .bind(true)
-    .bind(now)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(rows
-        .iter()
-        .map(|r| (r.get("node_id"), r.get("unit_id")))
-        .collect())
-}
-
-/// The sellable units `org_id` could place on now, on the nodes of the pools it may book
-/// into: reserved units only for their audience, released units to everyone as spot-only,
-/// needs-review units to no one; a unit a compute reservation holds now shows as booked.
-pub async fn catalog(app: &App, caller: &Principal, org_id: &str) -> Result<Catalog> {
-    if !caller.acts_for(org_id)
-        || !(caller.has(Permission::ReservationRead) || caller.has(Permission::ComputeRead))
-    {
-        return Err(Error::not_found(format_args!("org {org_id}")));
-    }
-    if crate::iam::orgs::find(app.store.pool(), org_id)
-        .await?
-        .is_none()
-    {
-        return Err(Error::not_found(format_args!("org {org_id}")));
-    }
-    let now = app.now_ms();
-    let mut conn = app.store.pool().acquire().await?;
-    let all_nodes = nodes::all(&mut conn).await?;
-    let offered = catalog_node_ids(&mut conn, org_id).await?;
-    let booked = booked_units(&mut conn, now).await?;
-    let records = load(&mut conn, Filter::LiveAt(now), "").await?;
-    let rights: Vec<(Rights, &Record)> = records.iter().map(|r| (r.rights(now), r)).collect();
-    let mut claims: HashMap<(&str, &str), Vec<&Rights>> = HashMap::new();
-    for (rights, record) in &rights {
-        for unit in &record.unit_ids {
-            claims
-                .entry((record.node_id.as_str(), unit.as_str()))
-                .or_default()
-                .push(rights);
-        }
-    }
-    let mut catalog_nodes = Vec::new();
-    let in_catalog = |node: &Node| offered.as_ref().is_none_or(|ids| ids.contains(&node.id));
-    for node in all_nodes.iter().filter(|n| in_catalog(n)) {
-        let mut units = Vec::new();
-        for unit in node.units.iter().filter(|u| u.sellable) {
-            let on_unit = claims
-                .get(&(node.id.as_str(), unit.id.as_str()))
-                .map_or(&[][..], Vec::as_slice);
-            let Some((tier, reservation_id)) = access(org_id, &unit.id, on_unit, now) else {
-                continue;
-            };
-            let available_until = on_unit
-                .iter()
-                .filter(|r| {
-                    r.term.starts_at > now && !r.allowed_org_ids.iter().any(|o| o == org_id)
-                })
-                .map(|r| r.term.starts_at)
-                .min()
-                .map(format_ms);
-            let tier = if booked.contains(&(node.id.clone(), unit.id.clone())) {
-                CatalogTier::Booked
-            } else {
-                tier.into()
-            };
-            units.push(CatalogUnit {
-                id: unit.id.clone(),
-                class: unit.class,
-                device_class: unit.device_class,
-                model: unit.model.clone(),
-                memory_gib: unit.memory_gib,
-                nvlink_domain: unit.nvlink_domain.clone(),
-                tier,
-                reservation_id,
-                available_until,
-            });
-        }
-        if !units.is_empty() {
-            catalog_nodes.push(CatalogNode {
-                node_id: node.id.clone(),
-                region: node.region.clone(),
-                units,
-            });
-        }
-    }
-    Ok(Catalog {
-        org_id: org_id.to_string(),
-        at: format_ms(now),
-        nodes: catalog_nodes,
-    })
 }
 
 /// Parses an RFC 3339 instant of `field`.

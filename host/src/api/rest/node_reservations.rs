@@ -13,7 +13,9 @@ use crate::iam::Principal;
 use crate::node_reservations::actions::{
     self, Because, NewNodeReservation, ReclaimUnits, ReleaseUnits,
 };
-use crate::node_reservations::queries::{self, Catalog, NodeReservation, parse_status};
+use super::PageQuery;
+use crate::catalog::{self, Catalog};
+use crate::node_reservations::queries::{self, NodeReservation, parse_status};
 use crate::{App, Result};
 
 pub fn router() -> OpenApiRouter<Arc<App>> {
@@ -166,14 +168,18 @@ async fn list_for_org(
 /// The units an org could place on now, per node, on the nodes of the pools it owns or is
 /// offered: reserved units only for their audience, released units to everyone as
 /// spot-only, needs-review units to no one; a unit a compute reservation holds now is
-/// `booked`.
+/// `booked`. One page of nodes by id; `cursor` continues it while nodes remain.
 #[utoipa::path(get, path = "/v1/orgs/{orgId}/catalog", tag = "node-reservations",
-    params(("orgId" = String, Path)),
-    responses((status = 200, body = Catalog), (status = 404, body = ErrorEnvelope)))]
+    params(("orgId" = String, Path), PageQuery),
+    responses((status = 200, body = Catalog), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
 async fn catalog(
     State(app): State<Arc<App>>,
     caller: Principal,
     Path(org_id): Path<String>,
+    Query(q): Query<PageQuery>,
 ) -> Result<Json<Catalog>> {
-    Ok(Json(queries::catalog(&app, &caller, &org_id).await?))
+    let (limit, after) = q.checked()?;
+    Ok(Json(
+        catalog::page(&app, &caller, &org_id, after, limit).await?,
+    ))
 }

@@ -6,8 +6,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::{Page, PageQuery, page};
 use crate::api::error::ErrorEnvelope;
-use crate::api::extract::{Json, Path};
+use crate::api::extract::{Json, Path, Query};
 use crate::iam::Principal;
 use crate::inventory::NodeInventory;
 use crate::inventory::nodes::{self, Change, Node};
@@ -42,16 +43,19 @@ async fn put_node(
     Ok((status, Json(node)))
 }
 
-/// The nodes an org owns.
+/// The nodes an org owns, by id, one page at a time.
 #[utoipa::path(get, path = "/v1/orgs/{orgId}/provider/nodes", tag = "nodes",
-    params(("orgId" = String, Path)),
-    responses((status = 200, body = Vec<Node>), (status = 404, body = ErrorEnvelope)))]
+    params(("orgId" = String, Path), PageQuery),
+    responses((status = 200, body = Page<Node>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
 async fn list_nodes(
     State(app): State<Arc<App>>,
     caller: Principal,
     Path(org_id): Path<String>,
-) -> Result<Json<Vec<Node>>> {
-    Ok(Json(nodes::list(&app, &caller, &org_id).await?))
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Page<Node>>> {
+    let (limit, after) = q.checked()?;
+    let nodes = nodes::list(&app, &caller, &org_id, after, limit + 1).await?;
+    Ok(Json(page(nodes, limit as i64, |n| n.id.clone())))
 }
 
 /// One node: readable by ops and the owning org.

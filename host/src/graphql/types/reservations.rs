@@ -5,6 +5,7 @@ use async_graphql::{Json, SimpleObject};
 use super::{api_name, json};
 use crate::booking::extend;
 use crate::booking::store as compute;
+use crate::catalog;
 use crate::node_reservations::queries;
 
 /// Exclusive placement rights for a set of orgs over units of one node, for a term.
@@ -158,6 +159,8 @@ pub struct Catalog {
     pub org_id: String,
     pub at: String,
     pub nodes: Vec<CatalogNode>,
+    /// The `after` of the next page, while nodes remain.
+    pub cursor: Option<String>,
 }
 
 #[derive(SimpleObject)]
@@ -182,11 +185,12 @@ pub struct CatalogUnit {
     pub available_until: Option<String>,
 }
 
-impl From<queries::Catalog> for Catalog {
-    fn from(c: queries::Catalog) -> Self {
+impl From<catalog::Catalog> for Catalog {
+    fn from(c: catalog::Catalog) -> Self {
         Catalog {
             org_id: c.org_id,
             at: c.at,
+            cursor: c.cursor,
             nodes: c
                 .nodes
                 .into_iter()
