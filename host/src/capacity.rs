@@ -53,6 +53,7 @@ use sqlx::{AnyConnection, AnyPool, Row as _};
 use crate::Result;
 use crate::inventory::nodes::{self, Node};
 use crate::node_reservations::queries::{self, Record};
+use crate::pools::{self, PerGpu};
 use crate::store::{Backend, Store, flag, placeholders};
 
 /// The channel PostgreSQL announces capacity changes on, by node.
@@ -196,6 +197,16 @@ impl NodeCapacity {
             .iter()
             .zip(&self.claim_units)
             .map(|(c, u)| (c, u.as_slice()))
+    }
+
+    /// The per-GPU share of host resources the node gives, `None` while it is lost
+    /// ([`pools::host_share`]).
+    pub fn share(&self) -> Option<PerGpu> {
+        if self.lost {
+            return None;
+        }
+        let host = &self.node.host;
+        pools::host_share(host.vcpu, host.memory_gib, self.gpus)
     }
 
     /// How many whole GPUs the node has.
@@ -353,6 +364,9 @@ struct PoolNodes {
     stale: HashSet<String>,
     /// Where the next decision that reads only part of the pool starts reading.
     scan: Arc<AtomicUsize>,
+    /// The smallest per-GPU share of host resources its nodes give, once worked out; taken
+    /// back whenever a node's share changes.
+    smallest_share: Option<Option<PerGpu>>,
 }
 
 /// A pool's member nodes as the view holds them ([`View::pool`]).
@@ -362,6 +376,9 @@ pub struct PoolList {
     /// Where the next decision that reads only part of the pool starts reading (a
     /// position in `nodes`), so that such decisions take the pool's nodes in turn.
     pub scan: Arc<AtomicUsize>,
+    /// The smallest per-GPU share of host resources any of its GPU hosts that is not lost
+    /// gives ([`pools::host_share`]).
+    pub smallest_share: Option<PerGpu>,
 }
 
 /// One node as the view holds it.
@@ -605,6 +622,7 @@ impl View {
                     nodes: Arc::default(),
                     positions: HashMap::default(),
                     scan: Arc::default(),
+                    smallest_share: None,
                 },
             );
         }
@@ -618,7 +636,11 @@ impl View {
             if patchable && !pool.positions.is_empty() {
                 let held = Arc::make_mut(&mut pool.nodes);
                 for id in &stale {
-                    held[pool.positions[id]] = nodes[id].shown.clone();
+                    let slot = &mut held[pool.positions[id]];
+                    if slot.share() != nodes[id].shown.share() {
+                        pool.smallest_share = None;
+                    }
+                    *slot = nodes[id].shown.clone();
                 }
             } else {
                 // First assembly, or a member that no longer exists: assemble it whole.
@@ -633,13 +655,18 @@ impl View {
                     .map(|(i, c)| (c.node.id.clone(), i))
                     .collect();
                 pool.nodes = Arc::new(held);
+                pool.smallest_share = None;
             }
             pool.stale.clear();
         }
-        let pool = &state.pools[pool_id];
+        let pool = state.pools.get_mut(pool_id).expect("assembled above");
+        let smallest_share = *pool.smallest_share.get_or_insert_with(|| {
+            pools::smallest_share(pool.nodes.iter().filter_map(|c| c.share()))
+        });
         Ok(PoolList {
             nodes: pool.nodes.clone(),
             scan: pool.scan.clone(),
+            smallest_share,
         })
     }
 

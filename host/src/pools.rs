@@ -120,27 +120,28 @@ pub fn quota_fits<'a>(
     Ok(())
 }
 
-/// The per-GPU share of host resources: the policy's, or else the smallest share any GPU
-/// host can give (its CPUs or memory divided by its whole GPUs). `None` when no GPU host
-/// reports CPU or memory.
-pub fn per_gpu_share(
-    policy: &PoolPolicy,
-    gpu_hosts: impl IntoIterator<Item = (i64, i64, i64)>,
-) -> Option<PerGpu> {
-    if let Some(share) = policy.per_gpu {
-        return Some(share);
-    }
-    gpu_hosts
-        .into_iter()
-        .filter(|(vcpu, memory, gpus)| *gpus > 0 && (*vcpu > 0 || *memory > 0))
-        .map(|(vcpu, memory, gpus)| PerGpu {
-            vcpu: vcpu / gpus,
-            memory_gib: memory / gpus,
-        })
-        .reduce(|a, b| PerGpu {
-            vcpu: a.vcpu.min(b.vcpu),
-            memory_gib: a.memory_gib.min(b.memory_gib),
-        })
+/// The per-GPU share of host resources: the policy's, or else `smallest`, the smallest
+/// share any GPU host of the pool can give ([`smallest_share`] of their [`host_share`]s).
+/// `None` when neither is known.
+pub fn per_gpu_share(policy: &PoolPolicy, smallest: Option<PerGpu>) -> Option<PerGpu> {
+    policy.per_gpu.or(smallest)
+}
+
+/// The share of host resources one host gives each of its whole GPUs: its CPUs and memory
+/// divided by them. `None` for a host without GPUs, or without CPU and memory rows.
+pub fn host_share(vcpu: i64, memory_gib: i64, gpus: i64) -> Option<PerGpu> {
+    (gpus > 0 && (vcpu > 0 || memory_gib > 0)).then(|| PerGpu {
+        vcpu: vcpu / gpus,
+        memory_gib: memory_gib / gpus,
+    })
+}
+
+/// The smallest of `shares`, resource by resource.
+pub fn smallest_share(shares: impl IntoIterator<Item = PerGpu>) -> Option<PerGpu> {
+    shares.into_iter().reduce(|a, b| PerGpu {
+        vcpu: a.vcpu.min(b.vcpu),
+        memory_gib: a.memory_gib.min(b.memory_gib),
+    })
 }
 
 #[cfg(test)]
@@ -173,7 +174,8 @@ mod tests {
     #[test]
     fn per_gpu_share_is_the_policy_or_the_smallest_host_share() {
         let hosts = [(224, 2048, 8), (96, 1024, 8), (64, 512, 0)];
-        let derived = per_gpu_share(&PoolPolicy::default(), hosts).unwrap();
+        let smallest = smallest_share(hosts.iter().filter_map(|&(c, m, g)| host_share(c, m, g)));
+        let derived = per_gpu_share(&PoolPolicy::default(), smallest).unwrap();
         assert_eq!(
             derived,
             PerGpu {
@@ -188,12 +190,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(per_gpu_share(&policy, hosts).unwrap().vcpu, 8);
-        assert_eq!(
-            per_gpu_share(&PoolPolicy::default(), [(0, 0, 8)]),
-            None,
-            "hosts without CPU or memory rows"
-        );
+        assert_eq!(per_gpu_share(&policy, smallest).unwrap().vcpu, 8);
+        assert_eq!(host_share(0, 0, 8), None, "a host without CPU or memory rows");
+        assert_eq!(host_share(64, 512, 0), None, "a host without GPUs");
+        assert_eq!(per_gpu_share(&PoolPolicy::default(), None), None);
     }
 
     #[test]

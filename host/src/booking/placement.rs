@@ -177,6 +177,8 @@ pub struct Snapshot {
     nodes: Arc<Vec<Arc<NodeCapacity>>>,
     /// Where a decision that reads only part of the pool starts ([`PoolList::scan`]).
     scan: Arc<AtomicUsize>,
+    /// [`PoolList::smallest_share`].
+    smallest_share: Option<crate::pools::PerGpu>,
     /// The reservation deciding: its own bookings do not hold anything against it.
     own: String,
     own_hash: u64,
@@ -272,6 +274,7 @@ impl Snapshot {
         let nodes = PoolList {
             nodes: Arc::new(nodes),
             scan: self.scan.clone(),
+            smallest_share: self.smallest_share,
         };
         Ok(Snapshot::of(
             nodes, &self.own, self.start, self.end, self.now,
@@ -283,6 +286,7 @@ impl Snapshot {
         Snapshot {
             nodes: nodes.nodes,
             scan: nodes.scan,
+            smallest_share: nodes.smallest_share,
             own: own.to_string(),
             own_hash: crate::capacity::reservation_hash(own),
             start,
@@ -428,10 +432,7 @@ impl Snapshot {
     /// The per-GPU share of host resources in this pool: the policy's, or the smallest any
     /// of its GPU hosts can give.
     pub fn per_gpu_share(&self, policy: &crate::pools::PoolPolicy) -> Option<crate::pools::PerGpu> {
-        let gpu_hosts = (self.nodes.iter())
-            .filter(|c| !c.is_lost())
-            .map(|c| (c.node.host.vcpu, c.node.host.memory_gib, c.gpus()));
-        crate::pools::per_gpu_share(policy, gpu_hosts)
+        crate::pools::per_gpu_share(policy, self.smallest_share)
     }
 
     /// The feasible candidates for `reservation`: the units it may take that are free over
