@@ -1,5 +1,5 @@
 //! The rules that must hold after any sequence of requests, read from the database itself:
-//! no unit booked (or billed) twice, quota equal to the sum of live charges, bookings
+//! no unit booked (or billed) twice, no node's host resources booked past what it has, quota equal to the sum of live charges, bookings
 //! consistent with states, and one terminal event per ended reservation.
 
 use std::collections::BTreeMap;
@@ -34,6 +34,24 @@ pub async fn check(server: &Server) {
     .await
     .unwrap();
     assert_eq!(overlaps, 0, "two bookings of one unit overlap");
+
+    // A node's host resources are never booked past what it has: at the start of each
+    // active host booking, the active host bookings overlapping that instant fit the node.
+    let over: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT h.node_id, h.start_ms FROM host_bookings h JOIN nodes n ON n.id = h.node_id
+         WHERE h.active = $1 GROUP BY h.node_id, h.start_ms, n.host_vcpu, n.host_memory_gib, n.host_hugepages_1gi
+         HAVING (SELECT SUM(o.vcpu) FROM host_bookings o WHERE o.node_id = h.node_id AND o.active = $1
+                   AND o.start_ms <= h.start_ms AND o.end_ms > h.start_ms) > n.host_vcpu
+             OR (SELECT SUM(o.memory_gib) FROM host_bookings o WHERE o.node_id = h.node_id AND o.active = $1
+                   AND o.start_ms <= h.start_ms AND o.end_ms > h.start_ms) > n.host_memory_gib
+             OR (SELECT SUM(o.hugepages_1gi) FROM host_bookings o WHERE o.node_id = h.node_id AND o.active = $1
+                   AND o.start_ms <= h.start_ms AND o.end_ms > h.start_ms) > n.host_hugepages_1gi",
+    )
+    .bind(true)
+    .fetch_all(&mut db)
+    .await
+    .unwrap();
+    assert!(over.is_empty(), "host resources booked past a node's: {over:?}");
 
     // Quota in use is the sum of the charges of reservations that hold one.
     let mut charged: BTreeMap<(String, String, String), i64> = BTreeMap::new();

@@ -151,7 +151,56 @@ on_both_databases!(
     a_reservation_placed_late_books_from_when_it_was_placed,
     a_lease_with_a_future_start_counts_from_the_start,
     a_node_binding_books_the_whole_node,
+    creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once,
 );
+
+/// Sixteen creates, spread over every replica, each want 150 of the only node's 224 vCPUs
+/// (and one of its eight GPUs, not all the same one): exactly one is placed, the others wait, and the node's
+/// host resources are never booked past what it has.
+async fn creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once(db: Db) {
+    let f = fleet(db, 1, 64, json!({})).await;
+    let (status, offer) = f.servers[0]
+        .admin()
+        .post(
+            &format!("/v1/pools/{}/offers", f.pool),
+            json!({ "tenantId": "tenant-a", "quota": { "gpu": 64, "vcpu": 4096, "memoryGiB": 65536 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{offer}");
+    // Each unit labelled, so that the racers ask for different units and only the node's
+    // CPUs are contended.
+    let mut inventory = crate::support::h100_inventory("n1", 8);
+    for (g, unit) in inventory["units"].as_array_mut().unwrap().iter_mut().enumerate() {
+        unit["labels"] = json!({ "slot": format!("s{g}") });
+    }
+    let (status, node) = f
+        .provider
+        .put("/v1/orgs/acme/provider/nodes/n1", inventory)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{node}");
+    let creates = (0..16)
+        .map(|i| {
+            let tenant = f.tenant(i);
+            let mut body = f.ask(&format!("k-{i}"), 1, None);
+            body["devices"][0]["selector"] = json!({ "labels": { "slot": format!("s{}", i % 8) } });
+            body["resources"] = json!({ "vcpu": 150 });
+            async move { rpc(&tenant, "create", body).await }
+        })
+        .collect();
+    let answers = all(creates).await;
+    let mut placed = 0;
+    for (status, body) in &answers {
+        assert_eq!(*status, StatusCode::OK, "{body}");
+        match body["state"].as_str() {
+            Some("placed") => placed += 1,
+            Some("pending") => {}
+            other => panic!("unexpected state {other:?}: {body}"),
+        }
+    }
+    let states: Vec<&Value> = answers.iter().map(|(_, body)| &body["state"]).collect();
+    assert_eq!(placed, 1, "only one fits the node's CPUs: {states:?}");
+    invariants::check(&f.servers[0]).await;
+}
 
 /// 120 reservations end at the same millisecond while every replica reconciles and the
 /// tenant releases a third of them: each ends once, is refunded once, and the reconciler

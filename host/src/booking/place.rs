@@ -28,7 +28,7 @@ use crate::capacity::{Assumed, Assumption, Change, Since};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::settings::Version;
-use crate::store::violates;
+use crate::store::{Backend, violates};
 use crate::{App, Error, Result};
 
 /// How many candidate nodes a placer is offered at first: enough for a good fit, few
@@ -296,17 +296,22 @@ pub(super) async fn book(
     let mut order: Vec<&Member> = members.iter().collect();
     order.sort_by(|a, b| a.node_id.cmp(&b.node_id));
     for member in order {
-        if !node_has_room(app, conn, r, &member.node_id, now).await?
-            || !Snapshot::rights_still_allow(
-                conn,
-                app.store.for_share(),
-                r,
-                &member.node_id,
-                &member.unit_ids,
-                now,
-            )
-            .await?
-        {
+        let allowed = match node_check(app, conn, r, &member.node_id, now).await? {
+            NodeCheck::NoRoom => false,
+            NodeCheck::Room { claimed: false } => true,
+            NodeCheck::Room { claimed: true } => {
+                Snapshot::rights_still_allow(
+                    conn,
+                    app.store.for_share(),
+                    r,
+                    &member.node_id,
+                    &member.unit_ids,
+                    now,
+                )
+                .await?
+            }
+        };
+        if !allowed {
             return Ok(Attempt::Lost(nodes(&members)));
         }
     }
@@ -361,25 +366,48 @@ async fn insert_members(
     Ok(true)
 }
 
+/// What a placement finds of a node at write time.
+enum NodeCheck {
+    /// The node is gone or lost, or has no room for the host resources.
+    NoRoom,
+    /// It takes the placement's host resources; `claimed` when node reservations exist
+    /// on it (whose rights are then read again).
+    Room { claimed: bool },
+}
+
 /// Whether `node_id` still takes placements and has room for `r`'s host resources over its
 /// window, read under a lock on the node (so two placements on one node take turns, and
-/// each sees the other's host bookings).
-async fn node_has_room(
+/// each sees the other's host bookings), and whether node reservations exist on it. On
+/// SQLite the one writer is the lock.
+async fn node_check(
     app: &App,
     conn: &mut AnyConnection,
     r: &Reservation,
     node_id: &str,
     now: i64,
-) -> Result<bool> {
+) -> Result<NodeCheck> {
     let want = r.resources;
+    if app.store.backend() == Backend::Postgres {
+        // Locked first, read after: a statement that waits for a row lock still reads with
+        // the snapshot it started with, so sums read in the locking statement would miss the
+        // host bookings of the placement it waited for.
+        sqlx::query(&format!(
+            "SELECT id FROM nodes WHERE id = $1{}",
+            app.store.for_turn()
+        ))
+        .bind(node_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    }
     let Some(node) = sqlx::query(&format!(
         "SELECT n.host_vcpu, n.host_memory_gib, n.host_hugepages_1gi, n.lost_at,
-                {} AS vcpu, {} AS memory_gib, {} AS hugepages_1gi
-         FROM nodes n WHERE n.id = $1{}",
+                {} AS vcpu, {} AS memory_gib, {} AS hugepages_1gi,
+                CAST(CASE WHEN EXISTS (SELECT 1 FROM node_reservations nr WHERE nr.node_id = n.id)
+                          THEN 1 ELSE 0 END AS BIGINT) AS claimed
+         FROM nodes n WHERE n.id = $1",
         booked_host("vcpu"),
         booked_host("memory_gib"),
         booked_host("hugepages_1gi"),
-        app.store.for_turn()
     ))
     .bind(node_id)
     .bind(true)
@@ -389,20 +417,23 @@ async fn node_has_room(
     .fetch_optional(&mut *conn)
     .await?
     else {
-        return Ok(false);
+        return Ok(NodeCheck::NoRoom);
     };
-    if node.get::<Option<i64>, _>("lost_at").is_some() {
-        return Ok(false);
-    }
-    if want == HostBooking::default() {
-        return Ok(true);
-    }
     let fits = |column: &str, want: i64| {
         node.get::<i64, _>(column) + want <= node.get::<i64, _>(format!("host_{column}").as_str())
     };
-    Ok(fits("vcpu", want.vcpu)
-        && fits("memory_gib", want.memory_gib)
-        && fits("hugepages_1gi", want.hugepages_1gi))
+    let room = node.get::<Option<i64>, _>("lost_at").is_none()
+        && (want == HostBooking::default()
+            || fits("vcpu", want.vcpu)
+                && fits("memory_gib", want.memory_gib)
+                && fits("hugepages_1gi", want.hugepages_1gi));
+    Ok(if room {
+        NodeCheck::Room {
+            claimed: node.get::<i64, _>("claimed") != 0,
+        }
+    } else {
+        NodeCheck::NoRoom
+    })
 }
 
 /// The host resource `column` booked on node `n` over the window `$5`–`$4` by reservations
