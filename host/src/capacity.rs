@@ -6,7 +6,9 @@
 //! active booking of its units (with spot or not and the reservation), its active host
 //! bookings, and the node reservations that claim its units. A pool's nodes are assembled
 //! into one shared list once and patched where a node changes ([`View::pool`]), so reading
-//! an unchanged pool costs nothing per node.
+//! an unchanged pool costs nothing per node; the pool's per-GPU share of host resources is
+//! kept with it and worked out again only when a node's share changes. The catalog reads a
+//! page of nodes from here ([`View::nodes`]).
 //!
 //! # How it stays current
 //!
@@ -34,6 +36,10 @@
 //! edit is laid on); on PostgreSQL announcements carry the writing transaction's id
 //! (migration `0013_capacity_writer`), and those of a transaction laid on are passed over
 //! for the nodes edited, whether they arrive before the edit or after it.
+//!
+//! A node reservation's change and an inventory change have this replica forget the node
+//! as they commit ([`View::forget`]), so the replica that wrote reads its own write at
+//! once, without waiting for the announcement.
 //!
 //! Nodes are loaded on first use and then kept. Nothing about correctness depends on the
 //! view being fresh: the database still refuses every overlapping booking, placements
