@@ -109,12 +109,21 @@ pub fn require_reader(caller: &Principal) -> Result<()> {
     }
 }
 
-/// A page of the events the caller may see after `after`: `limit` is 1-500.
-pub async fn read(app: &App, caller: &Principal, after: i64, limit: i64) -> Result<Vec<Event>> {
+/// A page of the events the caller may see after `after` (`limit` is 1-500), and whether
+/// more follow it.
+pub async fn read(
+    app: &App,
+    caller: &Principal,
+    after: i64,
+    limit: i64,
+) -> Result<(Vec<Event>, bool)> {
     require_reader(caller)?;
     validation::range("limit", limit, 1, 500)?;
     validation::range("after", after, 0, i64::MAX)?;
-    list(app.store.pool(), &caller.org_id, after, limit).await
+    let mut events = list(app.store.pool(), &caller.org_id, after, limit + 1).await?;
+    let more = events.len() as i64 > limit;
+    events.truncate(limit as usize);
+    Ok((events, more))
 }
 
 /// Events after `after` in outbox order that `org` may see (all of them for the ops org),

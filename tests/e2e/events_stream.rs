@@ -100,7 +100,45 @@ on_both_databases!(
     a_stream_resumed_with_last_event_id_after_a_restart_loses_no_event,
     the_stream_shows_only_what_get_events_shows_the_caller,
     concurrent_writers_never_make_a_stream_skip_an_event,
+    an_events_page_carries_a_cursor_only_while_more_events_follow,
 );
+
+async fn an_events_page_carries_a_cursor_only_while_more_events_follow(db: Db) {
+    let server = Server::start(db).await;
+    server.org_with_key("acme", "viewer").await;
+    let key = server.key_in("acme", json!({ "role": "provider" })).await;
+    let provider = server.as_key(&key);
+    for node in ["n1", "n2", "n3"] {
+        register_node(&provider, "acme", node, 1).await;
+    }
+    let (status, all) = provider.get("/v1/events?limit=500").await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    let count = all["items"].as_array().unwrap().len();
+    assert!(count >= 3, "{all}");
+    assert!(all.get("cursor").is_none(), "nothing follows: {all}");
+
+    let (_, exact) = provider.get(&format!("/v1/events?limit={count}")).await;
+    assert_eq!(exact["items"].as_array().unwrap().len(), count);
+    assert!(exact.get("cursor").is_none(), "an exactly full last page: {exact}");
+
+    let (_, first) = provider.get(&format!("/v1/events?limit={}", count - 1)).await;
+    let cursor = first["cursor"].as_str().expect("one more follows").to_string();
+    let last = &first["items"][count - 2]["id"];
+    let last = last.as_str().map_or_else(|| last.to_string(), String::from);
+    assert_eq!(cursor, last, "the cursor is the page's last event");
+    let (_, rest) = provider.get(&format!("/v1/events?after={cursor}&limit={}", count - 1)).await;
+    assert_eq!(rest["items"].as_array().unwrap().len(), 1, "{rest}");
+    assert!(rest.get("cursor").is_none(), "{rest}");
+
+    let (status, body) = provider
+        .post(
+            "/graphql",
+            json!({ "query": format!("{{ events(first: {count}) {{ pageInfo {{ hasNextPage }} }} }}") }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["events"]["pageInfo"]["hasNextPage"], false, "{body}");
+}
 
 async fn a_stream_resumed_with_last_event_id_after_a_restart_loses_no_event(db: Db) {
     let mut server = Server::start(db).await;

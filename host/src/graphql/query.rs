@@ -208,7 +208,7 @@ impl Query {
     }
 
     /// Events the caller's org may see, oldest first, after the `after` cursor.
-    /// `hasNextPage` is true whenever the page is full.
+    /// `hasNextPage` is true while more events follow the page.
     #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
     async fn events(
         &self,
@@ -224,10 +224,9 @@ impl Query {
                 .map_err(|_| Error::invalid("after", "not a cursor from this API"))?,
             None => 0,
         };
-        let found = events::read(app(ctx), caller(ctx)?, after, first as i64).await?;
-        let full = found.len() == first;
+        let (found, more) = events::read(app(ctx), caller(ctx)?, after, first as i64).await?;
         let items = found.into_iter().map(Event::from).collect();
-        Ok(page::of_page(items, after_given, full, |e: &Event| {
+        Ok(page::of_page(items, after_given, more, |e: &Event| {
             e.id.to_string()
         }))
     }

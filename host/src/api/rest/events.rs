@@ -41,8 +41,8 @@ async fn list_events(
     Query(q): Query<EventsQuery>,
 ) -> Result<Json<Page<Event>>> {
     let limit = q.limit.unwrap_or(100);
-    let items = events::read(&app, &caller, q.after.unwrap_or(0), limit).await?;
-    let cursor = (items.len() as i64 == limit)
+    let (items, more) = events::read(&app, &caller, q.after.unwrap_or(0), limit).await?;
+    let cursor = more
         .then(|| items.last().map(|e| e.id.to_string()))
         .flatten();
     Ok(Json(Page { items, cursor }))
