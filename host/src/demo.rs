@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::App;
 use crate::iam::keys;
-use crate::iam::{Principal, Role, orgs};
+use crate::iam::{OPS_ORG, Principal, Role, orgs};
 use crate::inventory::nodes;
 use crate::inventory::{DeviceClass, HostResources, NodeInventory, Unit, UnitClass};
 use crate::pools::store::{self as pools, NewOffer, NewPool, Pool};
@@ -25,6 +25,8 @@ pub const POOL_GPU_QUOTA: i64 = 16;
 pub const POOL_PRICE_PER_GPU_HOUR: i64 = 250;
 /// The key of the demo's compute reservation: re-running its `curl` replays it.
 const DEMO_IDEMPOTENCY_KEY: &str = "demo-4xh100-nvlink";
+/// Where the demo keeps the keys it created, in the data directory.
+const KEYS_FILE: &str = "demo-keys.json";
 
 #[derive(Serialize, Deserialize)]
 struct DemoKeys {
@@ -57,11 +59,58 @@ pub fn h100_node(n: usize) -> NodeInventory {
     }
 }
 
+/// Refuses, before writing anything, to seed a database that holds what the demo did not
+/// write: orgs or nodes besides its own, or its orgs without the demo keys it keeps in this
+/// data directory (someone else created them). Its own seed it may seed again: that
+/// changes nothing.
+async fn refuse_foreign_data(app: &App) -> anyhow::Result<()> {
+    let pool = app.store.pool();
+    let orgs: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM orgs WHERE id NOT IN ($1, $2, $3) ORDER BY id LIMIT 3",
+    )
+    .bind(OPS_ORG)
+    .bind(PROVIDER_ORG)
+    .bind(TENANT_ORG)
+    .fetch_all(pool)
+    .await?;
+    let demo_nodes: Vec<String> = (1..=4).map(|n| format!("h100-{n}")).collect();
+    let sql = format!(
+        "SELECT id FROM nodes WHERE org_id <> $1 OR id NOT IN ({}) ORDER BY id LIMIT 3",
+        crate::store::placeholders(2, demo_nodes.len())
+    );
+    let mut query = sqlx::query_scalar(&sql).bind(PROVIDER_ORG);
+    for id in &demo_nodes {
+        query = query.bind(id);
+    }
+    let nodes: Vec<String> = query.fetch_all(pool).await?;
+    let demo_orgs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orgs WHERE id IN ($1, $2)")
+        .bind(PROVIDER_ORG)
+        .bind(TENANT_ORG)
+        .fetch_one(pool)
+        .await?;
+    let seeded_here = app.data_dir.join(KEYS_FILE).exists();
+    let found = if !orgs.is_empty() {
+        format!("orgs {}", orgs.join(", "))
+    } else if !nodes.is_empty() {
+        format!("nodes {}", nodes.join(", "))
+    } else if demo_orgs > 0 && !seeded_here {
+        format!("orgs {PROVIDER_ORG} or {TENANT_ORG}, not created by the demo")
+    } else {
+        return Ok(());
+    };
+    anyhow::bail!(
+        "--demo seeds an empty database, and this one already holds {found}; nothing was \
+         changed. Run the demo on an empty database (another --data-dir, or a new \
+         --database-url), or without --demo."
+    )
+}
+
 pub async fn seed_and_print(
     app: &App,
     addr: SocketAddr,
     admin_key: Option<&str>,
 ) -> anyhow::Result<()> {
+    refuse_foreign_data(app).await?;
     let system = Principal::system();
     for (id, name) in [(PROVIDER_ORG, "Acme GPU Cloud"), (TENANT_ORG, "Tenant A")] {
         if orgs::find(app.store.pool(), id).await?.is_none() {
@@ -83,9 +132,9 @@ pub async fn seed_and_print(
         .await?;
     }
     let pool = seed_pool(app).await?;
-    let path = app.data_dir.join("demo-keys.json");
+    let path = app.data_dir.join(KEYS_FILE);
     let keys = match std::fs::read_to_string(&path) {
-        Ok(text) => serde_json::from_str(&text).context("reading demo-keys.json")?,
+        Ok(text) => serde_json::from_str(&text).context("reading the demo keys")?,
         Err(_) => {
             let keys = DemoKeys {
                 provider: create_key(app, PROVIDER_ORG, "demo provider", Role::Provider).await?,

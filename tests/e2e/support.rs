@@ -215,6 +215,23 @@ impl Server {
     }
 
     /// Stops and starts the server on the same data directory and database.
+    /// Stops the server and starts `orl serve` again with `options` on its data directory
+    /// and database, expecting it to refuse: it exits with a failure before listening.
+    /// Answers what it wrote to stderr. The server stays stopped.
+    pub async fn restart_refused(&mut self, options: Options) -> String {
+        assert!(self.stop().await, "server exits cleanly on SIGTERM");
+        let mut command = serve_command(self.data_dir.path(), &self.db, &options);
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+            .await
+            .expect("orl serve exits")
+            .expect("running orl serve");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(!output.status.success(), "orl serve started: {stdout}");
+        assert!(!stdout.contains("orl listening"), "{stdout}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
     pub async fn restart_with(&mut self, options: Options) {
         assert!(self.stop().await, "server exits cleanly on SIGTERM");
         let (child, url, banner) = spawn(self.data_dir.path(), &self.db, &options).await;
@@ -287,12 +304,8 @@ impl Drop for Server {
     }
 }
 
-async fn spawn(data_dir: &Path, db: &Database, options: &Options) -> (Child, String, String) {
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(data_dir.join("stderr.log"))
-        .unwrap();
+/// `orl serve` on `data_dir` and `db` with `options`, on a free port of the test clock.
+fn serve_command(data_dir: &Path, db: &Database, options: &Options) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_orl"));
     command
         .arg("serve")
@@ -303,8 +316,6 @@ async fn spawn(data_dir: &Path, db: &Database, options: &Options) -> (Child, Str
         .env("ORL_TEST_CLOCK_MS", T0.to_string())
         .env("ORL_LOG", "warn")
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(stderr))
         .kill_on_drop(true);
     if let Some(url) = &db.url {
         command.args(["--database-url", url]);
@@ -316,6 +327,17 @@ async fn spawn(data_dir: &Path, db: &Database, options: &Options) -> (Child, Str
         command.arg("--demo");
     }
     command.args(&options.args);
+    command
+}
+
+async fn spawn(data_dir: &Path, db: &Database, options: &Options) -> (Child, String, String) {
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.join("stderr.log"))
+        .unwrap();
+    let mut command = serve_command(data_dir, db, options);
+    command.stdout(Stdio::piped()).stderr(Stdio::from(stderr));
     let mut child = command.spawn().expect("spawning orl");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut banner = String::new();

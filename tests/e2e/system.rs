@@ -1,4 +1,5 @@
 use reqwest::StatusCode;
+use serde_json::json;
 
 use crate::support::{Db, Options, Server, on_both_databases, register_node};
 
@@ -7,6 +8,7 @@ on_both_databases!(
     metrics_count_requests_by_route_and_status,
     openapi_describes_every_v1_route,
     demo_seeds_four_h100_nodes_and_prints_working_keys,
+    demo_refuses_a_database_it_did_not_seed_and_changes_nothing,
 );
 
 async fn healthz_answers_ok(db: Db) {
@@ -56,6 +58,43 @@ async fn openapi_describes_every_v1_route(db: Db) {
     }
     assert!(doc["components"]["schemas"].get("NodeInventory").is_some());
     assert!(doc["components"]["securitySchemes"].get("apiKey").is_some());
+}
+
+async fn demo_refuses_a_database_it_did_not_seed_and_changes_nothing(db: Db) {
+    let mut server = Server::start(db).await;
+    let provider = server.org_with_key("acme-gpu", "provider").await;
+    let mut inventory = crate::support::h100_inventory("h100-1", 2);
+    inventory["labels"] = json!({ "rack": "r7" });
+    let (status, node) = provider
+        .put("/v1/orgs/acme-gpu/provider/nodes/h100-1", inventory)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{node}");
+    let audit_before = crate::support::audit_count(&server).await;
+
+    let stderr = server
+        .restart_refused(Options {
+            demo: true,
+            admin_key: Some(server.admin.clone()),
+            ..Options::default()
+        })
+        .await;
+    assert!(
+        stderr.contains("--demo seeds an empty database") && stderr.contains("nothing was changed"),
+        "{stderr}"
+    );
+
+    server
+        .restart_with(Options {
+            admin_key: Some(server.admin.clone()),
+            ..Options::default()
+        })
+        .await;
+    let (_, after) = server.admin().get("/v1/nodes/h100-1").await;
+    assert_eq!(after["units"].as_array().unwrap().len(), 2, "{after}");
+    assert_eq!(after["labels"], json!({ "rack": "r7" }));
+    assert_eq!(crate::support::audit_count(&server).await, audit_before);
+    let (_, orgs) = server.admin().get("/v1/orgs/tenant-a").await;
+    assert_eq!(orgs["error"]["code"], "NOT_FOUND", "no demo org was added: {orgs}");
 }
 
 async fn demo_seeds_four_h100_nodes_and_prints_working_keys(db: Db) {
