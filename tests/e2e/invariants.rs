@@ -1,5 +1,6 @@
 //! The rules that must hold after any sequence of requests, read from the database itself:
-//! no unit booked (or billed) twice, no node's host resources booked past what it has, quota equal to the sum of live charges, bookings
+//! no unit booked (or billed) twice, nor claimed by two node reservations at once, no node's
+//! host resources booked past what it has, quota equal to the sum of live charges, bookings
 //! consistent with states, and one terminal event per ended reservation.
 
 use std::collections::BTreeMap;
@@ -20,7 +21,12 @@ const TERMINAL_EVENTS: [&str; 5] = [
 
 /// Asserts every invariant on `server`'s database; the message names the first broken one.
 pub async fn check(server: &Server) {
-    let mut db = server.database().await;
+    check_database(&server.database_url()).await;
+}
+
+/// Asserts every invariant on the database at `url`.
+pub async fn check_database(url: &str) {
+    let mut db = crate::support::connect(url).await;
 
     // No two bookings of one unit overlap in time, active or not: a unit is never held, nor
     // billed, twice.
@@ -34,6 +40,26 @@ pub async fn check(server: &Server) {
     .await
     .unwrap();
     assert_eq!(overlaps, 0, "two bookings of one unit overlap");
+
+    // No two node reservations that are not cancelled claim one unit for overlapping terms.
+    let claimed_twice: Vec<(String, String)> = sqlx::query_as(
+        "SELECT a.reservation_id, b.reservation_id
+         FROM node_reservation_units a
+         JOIN node_reservation_units b
+           ON a.node_id = b.node_id AND a.unit_id = b.unit_id AND a.reservation_id < b.reservation_id
+         JOIN node_reservations ra ON ra.id = a.reservation_id
+         JOIN node_reservations rb ON rb.id = b.reservation_id
+         WHERE ra.lifecycle <> 'cancelled' AND rb.lifecycle <> 'cancelled'
+           AND (ra.ends_at IS NULL OR ra.ends_at > rb.starts_at)
+           AND (rb.ends_at IS NULL OR rb.ends_at > ra.starts_at)",
+    )
+    .fetch_all(&mut db)
+    .await
+    .unwrap();
+    assert!(
+        claimed_twice.is_empty(),
+        "node reservations claim a unit twice: {claimed_twice:?}"
+    );
 
     // A node's host resources are never booked past what it has: at the start of each
     // active host booking, the active host bookings overlapping that instant fit the node.

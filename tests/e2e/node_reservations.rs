@@ -802,4 +802,12 @@ async fn the_database_itself_refuses_overlapping_claims(db: Db) {
         .execute(&mut conn)
         .await
         .expect("a non-claiming row never conflicts");
+    // The raw rows go again: a reservation that is not cancelled never leaves a row that
+    // does not claim, and the invariants checked after each test say so.
+    for raw in [
+        "DELETE FROM node_reservation_units WHERE reservation_id = 'nrsv_raw'",
+        "DELETE FROM node_reservations WHERE id = 'nrsv_raw'",
+    ] {
+        sqlx::query(raw).execute(&mut conn).await.unwrap();
+    }
 }

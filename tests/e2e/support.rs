@@ -99,6 +99,12 @@ impl Drop for Database {
     }
 }
 
+/// A connection to the database at `url`.
+pub async fn connect(url: &str) -> sqlx::AnyConnection {
+    sqlx::any::install_default_drivers();
+    sqlx::AnyConnection::connect(url).await.unwrap()
+}
+
 /// How to start a server.
 pub struct Options {
     pub admin_key: Option<String>,
@@ -190,11 +196,19 @@ impl Server {
 
     /// A connection to the server's database, to check what the API does not show.
     pub async fn database(&self) -> sqlx::AnyConnection {
-        let url = self.db.url.clone().unwrap_or_else(|| {
+        connect(&self.database_url()).await
+    }
+
+    /// The URL of the server's database.
+    pub fn database_url(&self) -> String {
+        self.db.url.clone().unwrap_or_else(|| {
             format!("sqlite://{}", self.data_dir.path().join("orl.db").display())
-        });
-        sqlx::any::install_default_drivers();
-        sqlx::AnyConnection::connect(&url).await.unwrap()
+        })
+    }
+
+    /// Whether the database is this server's own, not one it serves as a replica.
+    fn owns_database(&self) -> bool {
+        self.db.url.is_none() || self.db.postgres_name.is_some()
     }
 
     /// Stops the server with SIGTERM and waits for it; returns whether it exited cleanly.
@@ -296,10 +310,29 @@ impl Server {
     }
 }
 
+/// A test's server stops with it, and the server that owns its database (not a replica)
+/// then checks every invariant on it ([`crate::invariants::check_database`]): whatever a
+/// test did, it must leave the database consistent. A test that already failed is not
+/// checked again.
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(child) = self.child.as_mut() {
             let _ = child.start_kill();
+        }
+        if !self.owns_database() || std::thread::panicking() {
+            return;
+        }
+        let url = self.database_url();
+        let checked = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(crate::invariants::check_database(&url))
+        })
+        .join();
+        if let Err(panic) = checked {
+            std::panic::resume_unwind(panic);
         }
     }
 }
