@@ -749,18 +749,27 @@ impl View {
     /// row after it, until the transaction commits, is its own, as it is the one writer);
     /// on PostgreSQL the transaction's id, which its announcements carry.
     pub async fn since(&self, conn: &mut AnyConnection) -> Result<Since> {
-        Ok(match self.backend {
-            Backend::Sqlite => Since::Row(
-                sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM capacity_changes")
-                    .fetch_one(conn)
-                    .await?,
-            ),
-            Backend::Postgres => Since::Transaction(
-                sqlx::query_scalar("SELECT CAST(txid_current() AS BIGINT)")
-                    .fetch_one(conn)
-                    .await?,
-            ),
-        })
+        let value = sqlx::query_scalar(&format!("SELECT CAST(({}) AS BIGINT)", self.since_sql()))
+            .fetch_one(conn)
+            .await?;
+        Ok(self.since_of(value))
+    }
+
+    /// The scalar query [`View::since`] reads, for a transaction that reads it in a round
+    /// trip it makes anyway (before it changes capacity), and [`View::since_of`] what it
+    /// read.
+    pub fn since_sql(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite => "SELECT COALESCE(MAX(seq), 0) FROM capacity_changes",
+            Backend::Postgres => "SELECT txid_current()",
+        }
+    }
+
+    pub fn since_of(&self, value: i64) -> Since {
+        match self.backend {
+            Backend::Sqlite => Since::Row(value),
+            Backend::Postgres => Since::Transaction(value),
+        }
     }
 
     /// The generations of `ids` in the view (0 for a node it does not hold), read before a

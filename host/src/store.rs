@@ -320,24 +320,47 @@ impl Batch {
 
     /// Runs the statements in order and answers how many rows each changed.
     pub async fn execute(self, conn: &mut AnyConnection) -> sqlx::Result<Vec<u64>> {
+        Ok(self.run(conn, None).await?.0)
+    }
+
+    /// Runs the statements in order, then reads the scalar query `read` (an `i64`), in the
+    /// same round trip: answers how many rows each statement changed, and what `read` read
+    /// (on PostgreSQL with the statements' snapshot, so it must not read their rows).
+    pub async fn execute_then(
+        self,
+        conn: &mut AnyConnection,
+        read: &str,
+    ) -> sqlx::Result<(Vec<u64>, i64)> {
+        let (counts, read) = self.run(conn, Some(read)).await?;
+        Ok((counts, read.expect("asked for")))
+    }
+
+    async fn run(
+        self,
+        conn: &mut AnyConnection,
+        read: Option<&str>,
+    ) -> sqlx::Result<(Vec<u64>, Option<i64>)> {
         let n = self.statements.len();
-        let sql = match (self.postgres, n) {
-            (_, 0) => return Ok(Vec::new()),
-            (_, 1) => self.statements[0].clone(),
+        let read_sql = read.map(|r| format!("CAST(({r}) AS BIGINT)"));
+        let sql = match (self.postgres, n, &read_sql) {
+            (_, 0, None) => return Ok((Vec::new(), None)),
+            (_, 1, None) => self.statements[0].clone(),
             // Each statement's count follows it (rows changed by the statement before).
-            (false, _) => (self.statements.iter())
+            (false, _, _) => (self.statements.iter())
                 .map(|s| format!("{s};\nSELECT changes()"))
+                .chain(read_sql.iter().map(|r| format!("SELECT {r}")))
                 .collect::<Vec<_>>()
                 .join(";\n"),
             // The parts run in the order the final select reads them.
-            (true, _) => {
+            (true, _, _) => {
                 let parts: Vec<String> = (self.statements.iter().enumerate())
                     .map(|(i, s)| format!("s{i} AS ({s} RETURNING 1)"))
                     .collect();
-                let counts: Vec<String> = (0..n)
+                let columns: Vec<String> = (0..n)
                     .map(|i| format!("CAST((SELECT COUNT(*) FROM s{i}) AS BIGINT)"))
+                    .chain(read_sql.clone())
                     .collect();
-                format!("WITH {} SELECT {}", parts.join(", "), counts.join(", "))
+                format!("WITH {} SELECT {}", parts.join(", "), columns.join(", "))
             }
         };
         let mut query = sqlx::query(&sql);
@@ -348,16 +371,21 @@ impl Batch {
                 Value::Bool(v) => query.bind(v),
             };
         }
-        if n == 1 {
-            return Ok(vec![query.execute(conn).await?.rows_affected()]);
+        if n == 1 && read.is_none() {
+            return Ok((vec![query.execute(conn).await?.rows_affected()], None));
         }
         let rows = query.fetch_all(conn).await?;
-        let count = |row: &sqlx::any::AnyRow, i: usize| sqlx::Row::get::<i64, _>(row, i) as u64;
-        let counts = match self.postgres {
-            true => (0..n).map(|i| count(&rows[0], i)).collect(),
-            false => rows.iter().map(|row| count(row, 0)).collect(),
-        };
-        Ok(counts)
+        let value = |row: &sqlx::any::AnyRow, i: usize| sqlx::Row::get::<i64, _>(row, i);
+        Ok(match self.postgres {
+            true => (
+                (0..n).map(|i| value(&rows[0], i) as u64).collect(),
+                read.map(|_| value(&rows[0], n)),
+            ),
+            false => (
+                rows[..n].iter().map(|row| value(row, 0) as u64).collect(),
+                read.map(|_| value(&rows[n], 0)),
+            ),
+        })
     }
 }
 

@@ -17,6 +17,7 @@ use super::{
     Binding, CreateRequest, State, cost_minor, host_resources, quota_charge, reservation_id,
 };
 use crate::audit::{self, Entry};
+use crate::capacity::Since;
 use crate::iam::confirmations;
 use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
@@ -287,7 +288,7 @@ async fn decide_and_place(
 /// it first.
 async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Result<bool> {
     let mut tx = app.store.begin().await?;
-    if !insert_draft(&mut tx, caller, draft).await? {
+    if insert_draft(app, &mut tx, caller, draft).await?.is_none() {
         tx.rollback().await?;
         return Ok(false);
     }
@@ -295,13 +296,15 @@ async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Resu
     Ok(true)
 }
 
-/// Inserts a new draft with its audit entry, in one round trip; `false` when the id
-/// exists: the caller rolls back (the entry was written).
+/// Inserts a new draft with its audit entry, and reads where the capacity feed stands for
+/// this transaction ([`crate::capacity::View::since`]), in one round trip; `None` when the
+/// id exists: the caller rolls back (the entry was written).
 async fn insert_draft(
+    app: &App,
     conn: &mut AnyConnection,
     caller: &Principal,
     draft: &Reservation,
-) -> Result<bool> {
+) -> Result<Option<Since>> {
     let mut batch = Batch::on(conn);
     store::push_insert(&mut batch, draft);
     let entry = Entry {
@@ -313,7 +316,8 @@ async fn insert_draft(
         details: Some(json!({ "request": draft.request })),
     };
     audit::push(&mut batch, caller, entry, draft.created_at);
-    Ok(batch.execute(conn).await? == [1, 1])
+    let (rows, since) = batch.execute_then(conn, app.capacity.since_sql()).await?;
+    Ok((rows == [1, 1]).then(|| app.capacity.since_of(since)))
 }
 
 fn confirmation_required(r: &Reservation) -> Error {
@@ -560,8 +564,7 @@ async fn charge_and_place(
     for attempt in 0..place::PLACE_ATTEMPTS {
         let (decided, _assumed) = place::decide(app, (pool, at), &r).await?;
         let mut tx = app.store.begin().await?;
-        let since = app.capacity.since(&mut tx).await?;
-        if stored {
+        let since = if stored {
             let current = store::find(&mut tx, &r.id, app.store.for_update())
                 .await?
                 .ok_or_else(|| not_found(&r.id))?;
@@ -570,10 +573,14 @@ async fn charge_and_place(
             }
             r.version = current.version;
             r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
-        } else if !insert_draft(&mut tx, caller, &r).await? {
-            tx.rollback().await?;
-            return Ok(None);
-        }
+            app.capacity.since(&mut tx).await?
+        } else {
+            let Some(since) = insert_draft(app, &mut tx, caller, &r).await? else {
+                tx.rollback().await?;
+                return Ok(None);
+            };
+            since
+        };
         if spent.is_some() {
             let now_spent = spending(app, &mut tx, pool, offer, &r).await?;
             if now_spent != spent
