@@ -58,6 +58,18 @@ async fn openapi_describes_every_v1_route(db: Db) {
     }
     assert!(doc["components"]["schemas"].get("NodeInventory").is_some());
     assert!(doc["components"]["securitySchemes"].get("apiKey").is_some());
+    // Every operation has an id of its own (clients are generated from them).
+    let mut ids: Vec<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|ops| ops.as_object().unwrap().values())
+        .filter_map(|op| op["operationId"].as_str())
+        .collect();
+    let operations = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), operations, "operation ids repeat: {ids:?}");
 }
 
 async fn demo_refuses_a_database_it_did_not_seed_and_changes_nothing(db: Db) {

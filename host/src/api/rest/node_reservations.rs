@@ -20,9 +20,9 @@ use crate::{App, Result};
 
 pub fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
-        .routes(routes!(create, list_for_node))
+        .routes(routes!(create_node_reservation, list_for_node))
         .routes(routes!(get_one))
-        .routes(routes!(release))
+        .routes(routes!(release_units))
         .routes(routes!(reclaim))
         .routes(routes!(end))
         .routes(routes!(reaffirm))
@@ -36,7 +36,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
     params(("nodeId" = String, Path)), request_body = NewNodeReservation,
     responses((status = 201, body = NodeReservation), (status = 400, body = ErrorEnvelope),
               (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
-async fn create(
+async fn create_node_reservation(
     State(app): State<Arc<App>>,
     caller: Principal,
     Path(node_id): Path<String>,
@@ -80,7 +80,7 @@ async fn get_one(
     params(("nodeId" = String, Path), ("id" = String, Path)), request_body = ReleaseUnits,
     responses((status = 200, body = NodeReservation), (status = 400, body = ErrorEnvelope),
               (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
-async fn release(
+async fn release_units(
     State(app): State<Arc<App>>,
     caller: Principal,
     Path((node_id, id)): Path<(String, String)>,

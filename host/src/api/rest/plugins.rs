@@ -16,7 +16,7 @@ use crate::{App, Result};
 
 pub fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
-        .routes(routes!(upload, list))
+        .routes(routes!(upload, list_plugins))
         .layer(DefaultBodyLimit::max(MAX_PLUGIN_BYTES))
         .routes(routes!(get_plugin, delete_plugin))
         .routes(routes!(put_policies, get_policies))
@@ -58,7 +58,7 @@ async fn upload(
 
 /// Every stored plugin, with the pools it is assigned to.
 #[utoipa::path(get, path = "/v1/plugins", tag = "plugins", responses((status = 200, body = Vec<Plugin>), (status = 404, body = ErrorEnvelope)))]
-async fn list(State(app): State<Arc<App>>, caller: Principal) -> Result<Json<Vec<Plugin>>> {
+async fn list_plugins(State(app): State<Arc<App>>, caller: Principal) -> Result<Json<Vec<Plugin>>> {
     Ok(Json(registry::list(&app, &caller).await?))
 }
 
