@@ -179,6 +179,12 @@ impl World {
 
     /// `(end_ms, billable_end_ms, active)` of the reservation's GPU bookings, read from the
     /// database (the API does not show booking rows).
+    /// Whether `r` has bookings, every one of them `active` (or every one not).
+    async fn bookings_all(&self, r: &Value, active: bool) -> bool {
+        let bookings = self.bookings(r).await;
+        !bookings.is_empty() && bookings.iter().all(|(_, _, a)| *a == active)
+    }
+
     async fn bookings(&self, r: &Value) -> Vec<(i64, Option<i64>, bool)> {
         use sqlx::{Connection as _, Row as _};
         let url = self.server.db.url.clone().unwrap_or_else(|| {
@@ -397,7 +403,7 @@ async fn a_failed_report_fails_the_reservation_and_frees_its_devices_and_quota(d
     );
     assert_eq!(w.used_gpus("tenant-a").await, 0, "quota refunded");
     assert!(w.poll("n1").await.is_empty());
-    assert!(w.bookings(&r).await.iter().all(|(_, _, active)| !active));
+    assert!(w.bookings_all(&r, false).await);
 
     let again = w.create(w.ask("tenant-a", "k-2", "node")).await;
     assert_eq!(again["state"], "placed", "the devices are free: {again}");
@@ -645,7 +651,7 @@ async fn a_lost_node_fails_its_reservations_and_its_capacity_is_booked_elsewhere
     assert_eq!(w.used_gpus("tenant-a").await, 0, "quota refunded");
     assert_eq!(w.node_conditions(&lost).await, ["NodeLost"]);
     assert!(w.node_conditions(&alive).await.is_empty());
-    assert!(w.bookings(&r).await.iter().all(|(_, _, active)| !active));
+    assert!(w.bookings_all(&r, false).await);
 
     let again = w.create(w.ask("tenant-a", "k-2", "hold")).await;
     assert_eq!(again["state"], "placed", "{again}");
@@ -683,7 +689,7 @@ async fn held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports(
     let released = w.release(&r).await;
     assert_eq!(released["state"], "released");
     assert!(condition(&released, "DevicesHeld").is_some(), "{released}");
-    assert!(w.bookings(&r).await.iter().all(|(_, _, active)| *active));
+    assert!(w.bookings_all(&r, true).await);
     let waiting = w.create(w.ask("tenant-a", "k-2", "hold")).await;
     assert_eq!(waiting["state"], "pending", "held devices are not free");
 
@@ -691,7 +697,7 @@ async fn held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports(
     w.live.clear();
     w.advance(T0 + 14 * MIN).await;
     assert!(
-        w.bookings(&r).await.iter().all(|(_, _, active)| *active),
+        w.bookings_all(&r, true).await,
         "not lost yet"
     );
     w.advance(T0 + 15 * MIN + 1000).await;

@@ -274,13 +274,13 @@ async fn quota_exceeded_leaves_the_draft_for_a_retry(db: Db) {
     let (status, err) = rpc(&w.tenant, "create", w.ask("k-1", 6)).await;
     assert_error(status, &err, StatusCode::CONFLICT, "QUOTA_EXCEEDED");
     assert_eq!(err["error"]["details"]["resource"], "gpu");
-    let id = json!(
-        err["error"]["details"]
-            .get("reservationId")
-            .cloned()
-            .unwrap_or(Value::Null)
-    );
-    let _ = id;
+    let drafts: Vec<String> = sqlx::query_scalar(
+        "SELECT state FROM compute_reservations WHERE tenant_id = 'tenant-a' AND idempotency_key = 'k-1'",
+    )
+    .fetch_all(&mut w.server.database().await)
+    .await
+    .unwrap();
+    assert_eq!(drafts, ["draft"], "the refused request stays as a draft");
     let (_, list) = rpc(&w.tenant, "list", json!({ "tenantId": "tenant-a" })).await;
     assert_eq!(list["items"], json!([]), "a draft is internal");
     let (status, _) = w
