@@ -382,7 +382,7 @@ async fn pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reserv
     )
     .await;
     let holder = w.create(w.ask("k-hold", 6)).await;
-    let mut first = w.ask("k-first", 4);
+    let mut first = w.ask("k-first", 8);
     first["wait"] = json!({ "timeoutMs": 300 });
     let first = w.create(first).await;
     assert_eq!(
@@ -395,8 +395,15 @@ async fn pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reserv
         second["state"], "pending",
         "nothing jumps the queue, even what would fit"
     );
+    // Freed, the node fits the first (all 8) or the second, not both: the first goes first.
     w.call("release", &holder["id"]).await;
     assert_eq!(w.get(&first["id"]).await.1["state"], "placed");
+    assert_eq!(
+        w.get(&second["id"]).await.1["state"],
+        "pending",
+        "the second waits behind the first"
+    );
+    w.call("release", &first["id"]).await;
     assert_eq!(w.get(&second["id"]).await.1["state"], "placed");
 }
 
