@@ -815,19 +815,26 @@ async fn iam_sees_gpus_and_host_resources_summed_over_a_gang(db: Db) {
         json!({}),
     )
     .await;
-    let (status, body) = w
-        .server
-        .admin()
-        .put(
-            "/v1/orgs/tenant-a/iam/policy",
-            json!({ "policy": r#"permit(principal, action == Orl::Action::"compute:reservations:create", resource) when { context.gpuCount <= 8 && context.vcpu <= 224 };"# }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let ok = w.create(gang(&w, "k-ok", 4, 2)).await;
-    assert_eq!(ok["state"], "placed", "8 GPUs and 224 vCPU in all: {ok}");
-    let (status, err) = w.rpc("create", gang(&w, "k-wide", 4, 3)).await;
-    assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
+    // Each rule alone decides one of the two gangs below: had IAM seen one member's GPUs
+    // (4) or vCPUs (4 × 28 = 112), both gangs would pass both rules.
+    for (rule, key, members) in [
+        ("context.gpuCount <= 8", "k-gpus", 3),
+        ("context.vcpu <= 224", "k-vcpu", 3),
+    ] {
+        let policy = format!(
+            r#"permit(principal, action == Orl::Action::"compute:reservations:create", resource) when {{ {rule} }};"#
+        );
+        let (status, body) = w
+            .server
+            .admin()
+            .put("/v1/orgs/tenant-a/iam/policy", json!({ "policy": policy }))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let ok = w.create(gang(&w, &format!("{key}-ok"), 4, 2)).await;
+        assert_eq!(ok["state"], "placed", "{rule}: 8 GPUs and 224 vCPU in all: {ok}");
+        let (status, err) = w.rpc("create", gang(&w, key, 4, members)).await;
+        assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
+    }
 }
 
 async fn a_gang_spans_nodes_that_report_the_same_unit_ids(db: Db) {
