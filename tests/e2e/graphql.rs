@@ -562,16 +562,17 @@ async fn mutations_follow_rest_semantics_and_carry_rest_error_codes(db: Db) {
 async fn depth_complexity_and_page_size_are_capped(db: Db) {
     let w = world(db).await;
     let admin = w.server.admin();
-    let mut deep = "name".to_string();
-    for _ in 0..16 {
-        deep = format!("ofType {{ {deep} }}");
-    }
-    let (_, body) = graphql(
-        &admin,
-        &format!("{{ __schema {{ types {{ fields {{ type {{ {deep} }} }} }} }} }}"),
-        json!({}),
-    )
-    .await;
+    // `__schema types fields type`, `ofTypes` ofType fields, then `name`: 16 fields deep
+    // (the limit) with 11, one too deep with 12.
+    let deep = |of_types: usize| {
+        let mut deep = "name".to_string();
+        for _ in 0..of_types {
+            deep = format!("ofType {{ {deep} }}");
+        }
+        format!("{{ __schema {{ types {{ fields {{ type {{ {deep} }} }} }} }} }}")
+    };
+    data(&admin, &deep(11), json!({})).await;
+    let (_, body) = graphql(&admin, &deep(12), json!({})).await;
     assert!(
         body["errors"][0]["message"]
             .as_str()
@@ -616,6 +617,22 @@ async fn depth_complexity_and_page_size_are_capped(db: Db) {
         error_code(
             &admin,
             "{ nodes(orgId: \"acme\", after: \"no such node\") { edges { cursor } } }",
+            json!({})
+        )
+        .await,
+        "INVALID_INPUT"
+    );
+    // Compute reservations page as the RPC's `list` does: at most 200.
+    data(
+        &w.tenant,
+        "{ computeReservations(first: 200) { edges { cursor } } }",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        error_code(
+            &w.tenant,
+            "{ computeReservations(first: 201) { edges { cursor } } }",
             json!({})
         )
         .await,
