@@ -9,6 +9,7 @@ on_both_databases!(
     bootstrap_without_a_key_generates_one_printed_once_and_saved_0600,
     restart_on_a_non_empty_database_changes_nothing,
     sigterm_stops_the_server_cleanly,
+    sigterm_lets_a_request_in_flight_finish,
 );
 
 async fn bootstrap_uses_the_admin_key_from_the_environment(db: Db) {
@@ -112,4 +113,25 @@ async fn sigterm_stops_the_server_cleanly(db: Db) {
     )
     .await;
     assert!(server.stop().await, "exit status 0 after SIGTERM");
+}
+
+/// A create waiting for capacity (`wait.timeoutMs`) when SIGTERM arrives still gets its
+/// answer, and the server then exits cleanly.
+async fn sigterm_lets_a_request_in_flight_finish(db: Db) {
+    let mut f = crate::races::fleet(db, 1, 64, serde_json::json!({})).await;
+    let full = f.create(0, f.ask("k-full", 8, None)).await;
+    assert_eq!(full["state"], "placed", "{full}");
+    let mut waiting = f.ask("k-wait", 1, None);
+    waiting["wait"] = serde_json::json!({ "timeoutMs": 2000 });
+    let tenant = f.tenant(0);
+    let in_flight =
+        tokio::spawn(async move { crate::races::rpc(&tenant, "create", waiting).await });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!in_flight.is_finished(), "the create waits for capacity");
+    for server in f.servers.iter_mut().rev() {
+        assert!(server.stop().await, "exit status 0 after SIGTERM");
+    }
+    let (status, answer) = in_flight.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["state"], "pending", "{answer}");
 }
