@@ -108,6 +108,7 @@ on_both_databases!(
     quota_is_charged_once_and_refunded_once_on_every_terminal_path,
     what_does_not_fit_is_pending_and_placed_when_capacity_frees,
     pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reservation,
+    wait_answers_as_soon_as_the_queued_reservation_is_placed,
     list_is_newest_first_paginated_and_scoped,
     release_and_cancel_follow_the_state_rules,
     extend_moves_the_end_or_reports_available_until,
@@ -405,6 +406,33 @@ async fn pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reserv
     );
     w.call("release", &first["id"]).await;
     assert_eq!(w.get(&second["id"]).await.1["state"], "placed");
+}
+
+async fn wait_answers_as_soon_as_the_queued_reservation_is_placed(db: Db) {
+    let w = world_with(
+        db,
+        1,
+        json!({ "gpu": 64 }),
+        json!({ "placer": "pool-lease" }),
+    )
+    .await;
+    let holder = w.create(w.ask("k-hold", 8)).await;
+    let mut queued = w.ask("k-queued", 4);
+    queued["wait"] = json!({ "timeoutMs": 20000 });
+    let tenant = w.tenant.clone();
+    let asked = std::time::Instant::now();
+    let waiting = tokio::spawn(async move { rpc(&tenant, "create", queued).await });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "queued behind the holder");
+    w.call("release", &holder["id"]).await;
+    let (status, placed) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{placed}");
+    assert_eq!(placed["state"], "placed", "{placed}");
+    assert!(
+        asked.elapsed() < std::time::Duration::from_secs(10),
+        "answered once placed, not at the end of the wait: {:?}",
+        asked.elapsed()
+    );
 }
 
 async fn list_is_newest_first_paginated_and_scoped(db: Db) {
