@@ -24,6 +24,7 @@ on_both_databases!(
     a_managing_org_sees_only_the_node_reservations_it_manages,
     plugins_name_only_the_pools_the_caller_sees,
     the_catalog_shows_only_nodes_of_pools_the_org_owns_or_is_offered,
+    another_orgs_admin_finds_no_pool_policy_iam_policy_confirmation_or_clock,
     the_catalog_pages_by_node_and_its_cursor_walks_each_visible_node_once,
     a_unit_booked_now_shows_as_booked_in_the_catalog,
 );
@@ -453,6 +454,54 @@ async fn plugins_name_only_the_pools_the_caller_sees(db: Db) {
         "a tenant sees the pool offered to it"
     );
     assert_eq!(assigned(operator("stranger").await).await, json!([]));
+}
+
+/// An admin of an unrelated org is told that another org's pool, its offers and policies,
+/// the tenant's IAM policy and confirmations, and the test clock do not exist (404, never
+/// 403), and changes nothing by asking.
+async fn another_orgs_admin_finds_no_pool_policy_iam_policy_confirmation_or_clock(db: Db) {
+    let server = Server::start(db).await;
+    let acme = server.org_with_key("acme", "provider").await;
+    register_node(&acme, "acme", "n1", 2).await;
+    server.org_with_key("tenant-a", "member").await;
+    let pool = pool(&server, "acme", &["n1"], &["tenant-a"]).await;
+    let stranger = server.org_with_key("stranger", "admin").await;
+    let audit_before = crate::support::audit_count(&server).await;
+    let calls = [
+        (Method::GET, format!("/v1/pools/{pool}"), None),
+        (Method::PUT, format!("/v1/pools/{pool}/nodes"), Some(json!({ "nodeIds": [] }))),
+        (Method::POST, format!("/v1/pools/{pool}/archive"), Some(json!({}))),
+        (
+            Method::POST,
+            format!("/v1/pools/{pool}/offers"),
+            Some(json!({ "tenantId": "stranger", "quota": { "gpu": 1 } })),
+        ),
+        (Method::GET, format!("/v1/pools/{pool}/offers"), None),
+        (Method::GET, format!("/v1/pools/{pool}/policies"), None),
+        (Method::PUT, format!("/v1/pools/{pool}/policies"), Some(json!({}))),
+        (Method::GET, "/v1/orgs/tenant-a/iam/policy".to_string(), None),
+        (
+            Method::PUT,
+            "/v1/orgs/tenant-a/iam/policy".to_string(),
+            Some(json!({ "policy": "" })),
+        ),
+        (Method::GET, "/v1/orgs/tenant-a/confirmations".to_string(), None),
+        (
+            Method::POST,
+            "/v1/orgs/tenant-a/confirmations/cnf_01m8t41rr3q54vjfdmqr9td73n/approve".to_string(),
+            Some(json!({})),
+        ),
+        (Method::POST, "/v1/clock".to_string(), Some(json!({ "nowMs": T0 + 1 }))),
+    ];
+    for (method, path, body) in calls {
+        let (status, answer) = stranger.call(method.clone(), &path, body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {answer}");
+        assert_eq!(answer["error"]["code"], "NOT_FOUND", "{method} {path}: {answer}");
+    }
+    assert_eq!(crate::support::audit_count(&server).await, audit_before);
+    let (_, seen) = server.admin().get(&format!("/v1/pools/{pool}")).await;
+    assert_eq!(seen["nodeIds"], json!(["n1"]), "{seen}");
+    assert!(seen.get("archivedAt").is_none_or(Value::is_null), "{seen}");
 }
 
 /// The ids of the nodes in `org`'s catalog as `api`, and its units by id.
