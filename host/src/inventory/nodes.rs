@@ -225,7 +225,7 @@ async fn try_register(
     tx.commit().await?;
     if change != Change::Unchanged || was_lost {
         // This replica's next read sees the change without waiting for its announcement.
-        app.capacity.forget(&[node.id.clone()]).await;
+        app.capacity.forget(std::slice::from_ref(&node.id)).await;
     }
     Ok((node, change))
 }
