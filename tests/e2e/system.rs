@@ -70,6 +70,23 @@ async fn openapi_describes_every_v1_route(db: Db) {
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), operations, "operation ids repeat: {ids:?}");
+    // A body that may be left out is not required; none is declared as `null`, which the
+    // server refuses (a body is a JSON object).
+    let end = &doc["paths"]["/v1/nodes/{nodeId}/reservations/{id}/end"]["post"]["requestBody"];
+    assert!(end.get("required").is_none_or(|r| r == false), "{end}");
+    assert_eq!(
+        end["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/Because"
+    );
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let content = op["requestBody"]["content"].to_string();
+            assert!(
+                !content.contains(r#"{"type":"null"}"#),
+                "{method} {path} declares a null body: {content}"
+            );
+        }
+    }
 }
 
 async fn demo_refuses_a_database_it_did_not_seed_and_changes_nothing(db: Db) {
