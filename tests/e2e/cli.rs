@@ -57,7 +57,41 @@ on_both_databases!(
     cli_errors_show_the_api_error,
     the_cli_pools_offers_and_books_compute_through_its_lifecycle,
     the_cli_sets_a_cedar_policy_and_a_person_confirms_an_agents_request,
+    the_cli_takes_a_url_without_a_scheme_and_says_when_no_server_answers,
 );
+
+async fn the_cli_takes_a_url_without_a_scheme_and_says_when_no_server_answers(db: Db) {
+    let server = Server::start(db).await;
+    let bare = server.url.trim_start_matches("http://").to_string();
+    let run = |url: String| {
+        let admin = server.admin.clone();
+        async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_orl"))
+                .args(["orgs", "get", "ops"])
+                .env("ORL_URL", url)
+                .env("ORL_KEY", admin)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let output = run(bare).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("ops"));
+
+    // Nothing listens on port 1.
+    let output = run("127.0.0.1:1".to_string()).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "orl: cannot reach the orl server at http://127.0.0.1:1 (is it running? set --url or ORL_URL)"
+    );
+}
 
 async fn the_cli_reserves_and_releases_units_as_in_the_seed(db: Db) {
     let server = Server::start(db).await;

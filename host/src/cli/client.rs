@@ -11,10 +11,19 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of the server at `base`; a base without a scheme (`127.0.0.1:8080`) is
+    /// taken as `http://`.
     pub fn new(base: &str, key: Option<&str>) -> anyhow::Result<Client> {
+        let base = base.trim_end_matches('/');
+        let base = if base.contains("://") {
+            base.to_string()
+        } else {
+            format!("http://{base}")
+        };
+        reqwest::Url::parse(&base).with_context(|| format!("--url {base:?} is not a URL"))?;
         Ok(Client {
             http: reqwest::Client::builder().build()?,
-            base: base.trim_end_matches('/').to_string(),
+            base,
             key: key.map(str::to_string),
         })
     }
@@ -49,10 +58,18 @@ impl Client {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("calling {url}"))?;
+        let response = request.send().await.map_err(|err| {
+            if err.is_connect() {
+                anyhow!(
+                    "cannot reach the orl server at {} (is it running? set --url or ORL_URL)",
+                    self.base
+                )
+            } else if err.is_timeout() {
+                anyhow!("the orl server at {} did not answer in time", self.base)
+            } else {
+                anyhow!("calling {url}: {err}")
+            }
+        })?;
         let status = response.status();
         if status == StatusCode::NO_CONTENT {
             return Ok(Value::Null);
