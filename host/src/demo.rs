@@ -65,14 +65,13 @@ pub fn h100_node(n: usize) -> NodeInventory {
 /// changes nothing.
 async fn refuse_foreign_data(app: &App) -> anyhow::Result<()> {
     let pool = app.store.pool();
-    let orgs: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM orgs WHERE id NOT IN ($1, $2, $3) ORDER BY id LIMIT 3",
-    )
-    .bind(OPS_ORG)
-    .bind(PROVIDER_ORG)
-    .bind(TENANT_ORG)
-    .fetch_all(pool)
-    .await?;
+    let orgs: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM orgs WHERE id NOT IN ($1, $2, $3) ORDER BY id LIMIT 3")
+            .bind(OPS_ORG)
+            .bind(PROVIDER_ORG)
+            .bind(TENANT_ORG)
+            .fetch_all(pool)
+            .await?;
     let demo_nodes: Vec<String> = (1..=4).map(|n| format!("h100-{n}")).collect();
     let sql = format!(
         "SELECT id FROM nodes WHERE org_id <> $1 OR id NOT IN ({}) ORDER BY id LIMIT 3",

@@ -191,7 +191,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(per_gpu_share(&policy, smallest).unwrap().vcpu, 8);
-        assert_eq!(host_share(0, 0, 8), None, "a host without CPU or memory rows");
+        assert_eq!(
+            host_share(0, 0, 8),
+            None,
+            "a host without CPU or memory rows"
+        );
         assert_eq!(host_share(64, 512, 0), None, "a host without GPUs");
         assert_eq!(per_gpu_share(&PoolPolicy::default(), None), None);
     }

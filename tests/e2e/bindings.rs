@@ -696,10 +696,7 @@ async fn held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports(
     // The node's agent stops before it reports the devices released.
     w.live.clear();
     w.advance(T0 + 14 * MIN).await;
-    assert!(
-        w.bookings_all(&r, true).await,
-        "not lost yet"
-    );
+    assert!(w.bookings_all(&r, true).await, "not lost yet");
     w.advance(T0 + 15 * MIN + 1000).await;
     let bookings = w.bookings(&r).await;
     assert_eq!(bookings.len(), 8);

@@ -831,7 +831,10 @@ async fn iam_sees_gpus_and_host_resources_summed_over_a_gang(db: Db) {
             .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         let ok = w.create(gang(&w, &format!("{key}-ok"), 4, 2)).await;
-        assert_eq!(ok["state"], "placed", "{rule}: 8 GPUs and 224 vCPU in all: {ok}");
+        assert_eq!(
+            ok["state"], "placed",
+            "{rule}: 8 GPUs and 224 vCPU in all: {ok}"
+        );
         let (status, err) = w.rpc("create", gang(&w, key, 4, members)).await;
         assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
     }

@@ -119,14 +119,24 @@ async fn an_events_page_carries_a_cursor_only_while_more_events_follow(db: Db) {
 
     let (_, exact) = provider.get(&format!("/v1/events?limit={count}")).await;
     assert_eq!(exact["items"].as_array().unwrap().len(), count);
-    assert!(exact.get("cursor").is_none(), "an exactly full last page: {exact}");
+    assert!(
+        exact.get("cursor").is_none(),
+        "an exactly full last page: {exact}"
+    );
 
-    let (_, first) = provider.get(&format!("/v1/events?limit={}", count - 1)).await;
-    let cursor = first["cursor"].as_str().expect("one more follows").to_string();
+    let (_, first) = provider
+        .get(&format!("/v1/events?limit={}", count - 1))
+        .await;
+    let cursor = first["cursor"]
+        .as_str()
+        .expect("one more follows")
+        .to_string();
     let last = &first["items"][count - 2]["id"];
     let last = last.as_str().map_or_else(|| last.to_string(), String::from);
     assert_eq!(cursor, last, "the cursor is the page's last event");
-    let (_, rest) = provider.get(&format!("/v1/events?after={cursor}&limit={}", count - 1)).await;
+    let (_, rest) = provider
+        .get(&format!("/v1/events?after={cursor}&limit={}", count - 1))
+        .await;
     assert_eq!(rest["items"].as_array().unwrap().len(), 1, "{rest}");
     assert!(rest.get("cursor").is_none(), "{rest}");
 
@@ -137,7 +147,10 @@ async fn an_events_page_carries_a_cursor_only_while_more_events_follow(db: Db) {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["events"]["pageInfo"]["hasNextPage"], false, "{body}");
+    assert_eq!(
+        body["data"]["events"]["pageInfo"]["hasNextPage"], false,
+        "{body}"
+    );
 }
 
 async fn a_stream_resumed_with_last_event_id_after_a_restart_loses_no_event(db: Db) {

@@ -77,7 +77,10 @@ pub async fn check_database(url: &str) {
     .fetch_all(&mut db)
     .await
     .unwrap();
-    assert!(over.is_empty(), "host resources booked past a node's: {over:?}");
+    assert!(
+        over.is_empty(),
+        "host resources booked past a node's: {over:?}"
+    );
 
     // Quota in use is the sum of the charges of reservations that hold one.
     let mut charged: BTreeMap<(String, String, String), i64> = BTreeMap::new();

@@ -61,7 +61,11 @@ async fn the_node_list_pages_by_id_over_rest_and_graphql(db: Db) {
         })
     );
 
-    for (query, field) in [("limit=0", "limit"), ("limit=201", "limit"), ("cursor=%00", "cursor")] {
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=201", "limit"),
+        ("cursor=%00", "cursor"),
+    ] {
         let (status, err) = provider
             .get(&format!("/v1/orgs/acme/provider/nodes?{query}"))
             .await;

@@ -389,7 +389,9 @@ async fn swapping_a_pools_placer_under_load_never_fails_or_double_books(db: Db) 
         placed_by.extend(client.await.unwrap());
     }
     assert!(
-        placed_by.iter().all(|by| *by == spread["id"] || *by == default_placed),
+        placed_by
+            .iter()
+            .all(|by| *by == spread["id"] || *by == default_placed),
         "each decision is made by one of the two placers: {placed_by:?}"
     );
     for placer in [&spread["id"], &default_placed] {

@@ -170,7 +170,12 @@ async fn creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once(
     // Each unit labelled, so that the racers ask for different units and only the node's
     // CPUs are contended.
     let mut inventory = crate::support::h100_inventory("n1", 8);
-    for (g, unit) in inventory["units"].as_array_mut().unwrap().iter_mut().enumerate() {
+    for (g, unit) in inventory["units"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
         unit["labels"] = json!({ "slot": format!("s{g}") });
     }
     let (status, node) = f

@@ -123,7 +123,10 @@ async fn demo_refuses_a_database_it_did_not_seed_and_changes_nothing(db: Db) {
     assert_eq!(after["labels"], json!({ "rack": "r7" }));
     assert_eq!(crate::support::audit_count(&server).await, audit_before);
     let (_, orgs) = server.admin().get("/v1/orgs/tenant-a").await;
-    assert_eq!(orgs["error"]["code"], "NOT_FOUND", "no demo org was added: {orgs}");
+    assert_eq!(
+        orgs["error"]["code"], "NOT_FOUND",
+        "no demo org was added: {orgs}"
+    );
 }
 
 async fn demo_seeds_four_h100_nodes_and_prints_working_keys(db: Db) {

@@ -469,8 +469,16 @@ async fn another_orgs_admin_finds_no_pool_policy_iam_policy_confirmation_or_cloc
     let audit_before = crate::support::audit_count(&server).await;
     let calls = [
         (Method::GET, format!("/v1/pools/{pool}"), None),
-        (Method::PUT, format!("/v1/pools/{pool}/nodes"), Some(json!({ "nodeIds": [] }))),
-        (Method::POST, format!("/v1/pools/{pool}/archive"), Some(json!({}))),
+        (
+            Method::PUT,
+            format!("/v1/pools/{pool}/nodes"),
+            Some(json!({ "nodeIds": [] })),
+        ),
+        (
+            Method::POST,
+            format!("/v1/pools/{pool}/archive"),
+            Some(json!({})),
+        ),
         (
             Method::POST,
             format!("/v1/pools/{pool}/offers"),
@@ -478,25 +486,44 @@ async fn another_orgs_admin_finds_no_pool_policy_iam_policy_confirmation_or_cloc
         ),
         (Method::GET, format!("/v1/pools/{pool}/offers"), None),
         (Method::GET, format!("/v1/pools/{pool}/policies"), None),
-        (Method::PUT, format!("/v1/pools/{pool}/policies"), Some(json!({}))),
-        (Method::GET, "/v1/orgs/tenant-a/iam/policy".to_string(), None),
+        (
+            Method::PUT,
+            format!("/v1/pools/{pool}/policies"),
+            Some(json!({})),
+        ),
+        (
+            Method::GET,
+            "/v1/orgs/tenant-a/iam/policy".to_string(),
+            None,
+        ),
         (
             Method::PUT,
             "/v1/orgs/tenant-a/iam/policy".to_string(),
             Some(json!({ "policy": "" })),
         ),
-        (Method::GET, "/v1/orgs/tenant-a/confirmations".to_string(), None),
+        (
+            Method::GET,
+            "/v1/orgs/tenant-a/confirmations".to_string(),
+            None,
+        ),
         (
             Method::POST,
             "/v1/orgs/tenant-a/confirmations/cnf_01m8t41rr3q54vjfdmqr9td73n/approve".to_string(),
             Some(json!({})),
         ),
-        (Method::POST, "/v1/clock".to_string(), Some(json!({ "nowMs": T0 + 1 }))),
+        (
+            Method::POST,
+            "/v1/clock".to_string(),
+            Some(json!({ "nowMs": T0 + 1 })),
+        ),
     ];
     for (method, path, body) in calls {
         let (status, answer) = stranger.call(method.clone(), &path, body).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {answer}");
-        assert_eq!(answer["error"]["code"], "NOT_FOUND", "{method} {path}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "NOT_FOUND",
+            "{method} {path}: {answer}"
+        );
     }
     assert_eq!(crate::support::audit_count(&server).await, audit_before);
     let (_, seen) = server.admin().get(&format!("/v1/pools/{pool}")).await;

@@ -57,7 +57,11 @@ pub fn keys(value: &Value) -> String {
 }
 
 pub fn nodes(value: &Value) -> String {
-    let rows = value["items"].as_array().into_iter().flatten().map(node_row);
+    let rows = value["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(node_row);
     let out = table(
         &[
             "node",

@@ -47,9 +47,12 @@ impl Query {
         let has_next = nodes.len() > first;
         nodes.truncate(first);
         let nodes = nodes.into_iter().map(Node::from).collect();
-        Ok(page::of_page(nodes, after.is_some(), has_next, |n: &Node| {
-            n.id.clone()
-        }))
+        Ok(page::of_page(
+            nodes,
+            after.is_some(),
+            has_next,
+            |n: &Node| n.id.clone(),
+        ))
     }
 
     /// One node: readable by ops and the owning org.

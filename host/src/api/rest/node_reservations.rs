@@ -7,14 +7,14 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::PageQuery;
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::{Json, JsonOrEmpty, Path, Query};
+use crate::catalog::{self, Catalog};
 use crate::iam::Principal;
 use crate::node_reservations::actions::{
     self, Because, NewNodeReservation, ReclaimUnits, ReleaseUnits,
 };
-use super::PageQuery;
-use crate::catalog::{self, Catalog};
 use crate::node_reservations::queries::{self, NodeReservation, parse_status};
 use crate::{App, Result};
 
