@@ -113,8 +113,7 @@ pub async fn page(
         let mut conn = app.store.pool().acquire().await?;
         node_ids(&mut conn, org_id, after.unwrap_or(""), limit + 1).await?
     };
-    let cursor = if ids.len() > limit {
-        ids.truncate(limit);
+    let cursor = if crate::store::cut(&mut ids, limit) {
         ids.last().cloned()
     } else {
         None

@@ -121,8 +121,7 @@ pub async fn read(
     validation::range("limit", limit, 1, 500)?;
     validation::range("after", after, 0, i64::MAX)?;
     let mut events = list(app.store.pool(), &caller.org_id, after, limit + 1).await?;
-    let more = events.len() as i64 > limit;
-    events.truncate(limit as usize);
+    let more = crate::store::cut(&mut events, limit as usize);
     Ok((events, more))
 }
 

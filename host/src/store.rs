@@ -434,6 +434,14 @@ pub fn violates(err: &sqlx::Error, constraint: &str) -> bool {
     }
 }
 
+/// Cuts `items`, read with one more than `limit` to tell whether the list goes on, to
+/// `limit`; answers whether more remain.
+pub fn cut<T>(items: &mut Vec<T>, limit: usize) -> bool {
+    let more = items.len() > limit;
+    items.truncate(limit);
+    more
+}
+
 /// Reads a boolean column: BOOLEAN on PostgreSQL, INTEGER 0/1 on SQLite.
 pub fn flag(row: &sqlx::any::AnyRow, column: &str) -> bool {
     use sqlx::Row as _;

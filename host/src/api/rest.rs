@@ -67,9 +67,7 @@ impl PageQuery {
 
 /// Cuts a list fetched with `limit + 1` rows into a page and the cursor of the next one.
 pub fn page<T>(mut items: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Page<T> {
-    let more = items.len() as i64 > limit;
-    items.truncate(limit as usize);
-    let cursor = if more {
+    let cursor = if crate::store::cut(&mut items, limit as usize) {
         items.last().map(cursor_of)
     } else {
         None

@@ -44,8 +44,7 @@ impl Query {
             validation::id("after", after)?;
         }
         let mut nodes = nodes::list(app(ctx), caller, &org_id, after.as_deref(), first + 1).await?;
-        let has_next = nodes.len() > first;
-        nodes.truncate(first);
+        let has_next = crate::store::cut(&mut nodes, first);
         let nodes = nodes.into_iter().map(Node::from).collect();
         Ok(page::of_page(
             nodes,
@@ -270,8 +269,7 @@ impl Query {
             .transpose()?;
         let mut found =
             audit::list(app(ctx).store.pool(), org_id.as_deref(), before, limit + 1).await?;
-        let has_next = found.len() as i64 > limit;
-        found.truncate(limit as usize);
+        let has_next = crate::store::cut(&mut found, limit as usize);
         let items = found.into_iter().map(AuditEntry::from).collect();
         Ok(page::of_page(
             items,
