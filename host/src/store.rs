@@ -62,7 +62,7 @@ impl Store {
             make_private(path, *create)?;
         }
         let sqlite = |max_connections: u32| {
-            AnyPoolOptions::new()
+            pool_options()
                 .max_connections(max_connections)
                 .after_connect(|conn, _| {
                     Box::pin(async move {
@@ -81,7 +81,7 @@ impl Store {
         let pool = match backend {
             Backend::Sqlite => sqlite(8).connect_with(options.clone()).await,
             Backend::Postgres => {
-                AnyPoolOptions::new()
+                pool_options()
                     .max_connections(max_connections)
                     .acquire_timeout(Duration::from_secs(10))
                     .connect_with(options.clone())
@@ -151,7 +151,7 @@ impl Store {
     /// A small pool of its own for a reader that must never wait for a connection that a
     /// writer holds while it waits for that reader (the capacity view).
     pub fn reader(&self, max_connections: u32) -> AnyPool {
-        AnyPoolOptions::new()
+        pool_options()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
             .after_connect(|conn, _| {
@@ -387,6 +387,15 @@ impl Batch {
             ),
         })
     }
+}
+
+/// The options every pool starts from. A connection is not pinged before it is handed
+/// out: on SQLite a ping is a round trip to the connection's worker thread, on PostgreSQL
+/// one to the server, and a create takes connections several times. A connection that
+/// broke while idle (a restarted PostgreSQL) fails the one statement that uses it and is
+/// closed (sqlx's defaults also close idle connections after 10 minutes and all after 30).
+fn pool_options() -> AnyPoolOptions {
+    AnyPoolOptions::new().test_before_acquire(false)
 }
 
 /// `sql` with each parameter `$n` made `$(n + offset)`.
