@@ -19,7 +19,10 @@
 //!
 //! - On **SQLite** (one process, one writer) they append the node's id (or the pool's) to
 //!   `capacity_changes`; before each read the view takes the rows past its cursor, in
-//!   commit order, and loads those nodes (or member lists) again.
+//!   commit order, and loads those nodes (or member lists) again. As every write
+//!   transaction is this process's ([`crate::store::Store::begin`]), the rows are read only
+//!   when it has committed one since the last read ([`crate::store::Commits`]): a decision
+//!   made right after another's commit was laid on reads no table at all.
 //! - On **PostgreSQL** they `NOTIFY orl_capacity` with the node's id (`orl_pools` with the
 //!   pool's), delivered at commit to every replica's listener (this one's own commits
 //!   included), which marks the node stale; the next read loads it again. While the listener is down (at start, after a
@@ -60,7 +63,7 @@ use crate::Result;
 use crate::inventory::nodes::{self, Node};
 use crate::node_reservations::queries::{self, Record};
 use crate::pools::{self, PerGpu};
-use crate::store::{Backend, Store, flag, placeholders};
+use crate::store::{Backend, Commits, Store, flag, placeholders};
 
 /// The channel PostgreSQL announces capacity changes on, by node.
 const CHANNEL: &str = "orl_capacity";
@@ -334,8 +337,14 @@ pub struct HostBooked {
 
 /// Which nodes and pools changed since the view last looked.
 enum Feed {
-    /// SQLite: the `capacity_changes` rows past `cursor`.
-    Table { cursor: Option<i64> },
+    /// SQLite: the `capacity_changes` rows past `cursor`. They are read only when this
+    /// process (the one writer) has committed since the last read (`seen`, its count of
+    /// commits then).
+    Table {
+        cursor: Option<i64>,
+        commits: Commits,
+        seen: u64,
+    },
     /// PostgreSQL: what the listener heard.
     Notify(Arc<SyncMutex<Heard>>),
 }
@@ -562,7 +571,11 @@ impl View {
     /// An empty view for `store`; on PostgreSQL it starts listening for changes at once.
     pub fn new(store: &Store) -> View {
         let feed = match store.backend() {
-            Backend::Sqlite => Feed::Table { cursor: None },
+            Backend::Sqlite => Feed::Table {
+                cursor: None,
+                commits: store.commits(),
+                seen: 0,
+            },
             Backend::Postgres => {
                 let heard = Arc::new(SyncMutex::new(Heard::default()));
                 let url = store.pool().connect_options().database_url.to_string();
@@ -856,7 +869,9 @@ impl View {
     /// Drops `capacity_changes` rows the view has read (SQLite; nothing to do elsewhere).
     pub async fn prune(&self, store: &Store) -> Result<()> {
         let cursor = match &self.state.lock().await.feed {
-            Feed::Table { cursor: Some(c) } => *c,
+            Feed::Table {
+                cursor: Some(c), ..
+            } => *c,
             _ => return Ok(()),
         };
         let mut tx = store.begin().await?;
@@ -991,19 +1006,30 @@ impl State {
         own: Option<(i64, &HashSet<String>)>,
     ) -> Result<Option<Changes>> {
         match &mut self.feed {
-            Feed::Table { cursor: None } => {
+            Feed::Table {
+                cursor: cursor @ None,
+                commits,
+                seen,
+            } => {
                 // The first look: nothing is loaded yet, so nothing is stale; what commits
                 // from here on is past the cursor.
+                *seen = commits.get();
                 let last: i64 =
                     sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM capacity_changes")
                         .fetch_one(&mut *conn)
                         .await?;
-                self.feed = Feed::Table { cursor: Some(last) };
+                *cursor = Some(last);
                 Ok(Some(Changes::default()))
             }
             Feed::Table {
                 cursor: Some(cursor),
+                commits,
+                seen,
             } => {
+                let count = commits.get();
+                if count == *seen {
+                    return Ok(Some(Changes::default()));
+                }
                 let rows = sqlx::query(
                     "SELECT seq, node_id, pool_id FROM capacity_changes WHERE seq > $1 ORDER BY seq",
                 )
@@ -1028,6 +1054,7 @@ impl State {
                         }
                     }
                 }
+                *seen = count;
                 Ok(Some(changes))
             }
             Feed::Notify(heard) => {

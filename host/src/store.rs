@@ -11,6 +11,7 @@
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -36,12 +37,31 @@ pub struct Store {
     writer: AnyPool,
     backend: Backend,
     sqlite_writer: Arc<Mutex<()>>,
+    commits: Commits,
+}
+
+/// How many write transactions this process has committed (or tried to commit). On SQLite,
+/// whose one writer is this process, a reader that saw the count unchanged since its last
+/// look knows the database is unchanged too.
+#[derive(Clone, Default)]
+pub struct Commits(Arc<AtomicU64>);
+
+impl Commits {
+    /// The count so far. Read it before reading what it vouches for.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// A write transaction. Dropping it without [`Tx::commit`] rolls back.
 pub struct Tx {
     tx: Transaction<'static, Any>,
     _writer: Option<OwnedMutexGuard<()>>,
+    commits: Commits,
 }
 
 impl Store {
@@ -107,6 +127,7 @@ impl Store {
             writer,
             backend,
             sqlite_writer: Arc::new(Mutex::new(())),
+            commits: Commits::default(),
         })
     }
 
@@ -117,6 +138,11 @@ impl Store {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The count of this process's commits ([`Commits`]).
+    pub fn commits(&self) -> Commits {
+        self.commits.clone()
     }
 
     /// The row-lock clause for a read that a write in the same transaction depends on:
@@ -180,6 +206,7 @@ impl Store {
         Ok(Tx {
             tx: self.writer.begin().await?,
             _writer: writer,
+            commits: self.commits.clone(),
         })
     }
 
@@ -192,14 +219,17 @@ impl Store {
 
 impl Tx {
     pub async fn commit(self) -> sqlx::Result<()> {
-        self.tx.commit().await
+        let committed = self.tx.commit().await;
+        self.commits.bump();
+        committed
     }
 
     /// Commits, keeping the writer's turn (SQLite) until the returned guard drops: what
     /// runs right after the commit runs before any other write of this process commits.
     pub async fn commit_in_turn(self) -> sqlx::Result<Option<OwnedMutexGuard<()>>> {
-        self.tx.commit().await?;
-        Ok(self._writer)
+        let committed = self.tx.commit().await;
+        self.commits.bump();
+        committed.map(|()| self._writer)
     }
 
     /// Rolls back now, releasing the transaction's row locks before anything else runs

@@ -525,6 +525,7 @@ pub(super) async fn check_budget(
 }
 
 /// What a create places with, besides the reservation and its charge.
+#[derive(Clone, Copy)]
 struct Placing<'a> {
     caller: &'a Principal,
     /// The pool, as of this settings version.
@@ -547,10 +548,9 @@ async fn charge_and_place(
     charge: BTreeMap<String, i64>,
 ) -> Result<Option<Reservation>> {
     let Placing {
-        caller,
         pool: (pool, at),
         offer,
-        stored,
+        ..
     } = placing;
     let spent = {
         let mut conn = app.store.pool().acquire().await?;
@@ -561,82 +561,127 @@ async fn charge_and_place(
         spent
     };
     let limits = offer.map(|o| o.quota.clone()).unwrap_or_default();
+    let terms = Terms {
+        charge: &charge,
+        limits: &limits,
+        spent: spent.as_ref(),
+    };
     for attempt in 0..place::PLACE_ATTEMPTS {
         let (decided, _assumed) = place::decide(app, (pool, at), &r).await?;
-        let mut tx = app.store.begin().await?;
-        let since = if stored {
-            let current = store::find(&mut tx, &r.id, app.store.for_update())
-                .await?
-                .ok_or_else(|| not_found(&r.id))?;
-            if !current.state.is_draft() {
-                return Ok(Some(current));
-            }
-            r.version = current.version;
-            r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id);
-            app.capacity.since(&mut tx).await?
-        } else {
-            let Some(since) = insert_draft(app, &mut tx, caller, &r).await? else {
-                tx.rollback().await?;
-                return Ok(None);
-            };
-            since
-        };
-        if spent.is_some() {
-            let now_spent = spending(app, &mut tx, pool, offer, &r).await?;
-            if now_spent != spent
-                && let Some(now_spent) = &now_spent
-            {
-                judge_spending(app, &mut tx, (pool, at), now_spent).await?;
-            }
+        let tx = app.store.begin().await?;
+        let write = write_placement(app, tx, &placing, &terms, &mut r, decided, attempt);
+        match write.await? {
+            Written::Done(done) => return Ok(done),
+            Written::Lost => continue,
         }
-        // Read after the locks: the bookings written below start no earlier than this.
-        let now = app.now_ms();
-        // Place first, then charge: the rows every placement locks (node reservations, then
-        // quota) are taken in the order a reclaim takes them, so the two never deadlock.
-        let (placed, preempted) =
-            match place::try_place(app, &mut tx, pool, &mut r, decided, attempt, now).await? {
-                place::Outcome::Placed { preempted } => (true, preempted),
-                place::Outcome::Pending => (false, Vec::new()),
-                place::Outcome::Lost(nodes) => {
-                    tx.rollback().await?;
-                    app.capacity.forget(&nodes).await;
-                    continue;
-                }
-            };
-        // One round trip writes the reservation, its audit entry, the quota charge and the
-        // event, so the tenant's quota rows stay locked only until the commit right after.
-        // The quota is charged before the event's outbox lock, in the order a release
-        // refunds and emits.
-        r.charge = Some(charge.clone());
-        r.operate("create", now);
-        let mut batch = Batch::on(&tx);
-        store::push_update(&mut batch, &r);
-        let entry = Entry {
-            org_id: &r.tenant_id,
-            action: "compute-reservation.create",
-            object_type: "compute-reservation",
-            object_id: &r.id,
-            reason: None,
-            details: Some(json!({ "state": r.state, "charge": r.charge })),
-        };
-        audit::push(&mut batch, caller, entry, now);
-        let tenant = (r.pool_id.as_str(), r.tenant_id.as_str());
-        let charged = store::push_charge(&mut batch, tenant, &charge, 1, Some(&limits));
-        push_event(&mut batch, &r, placement_event(placed, pool), json!({}));
-        let rows = batch.execute(&mut tx).await?;
-        if rows[0] != 1 {
-            tx.rollback().await?;
-            return Err(super::lifecycle::changed_concurrently(&r));
-        }
-        if let Some(resource) = store::unfitting(charged, &rows[2..]) {
-            tx.rollback().await?;
-            return Err(quota_exceeded(app, &r, &charge, &limits, &resource).await?);
-        }
-        r.version += 1;
-        place::commit(app, tx, since, &r, &preempted, now).await?;
-        return Ok(Some(r));
     }
     unreachable!("the last placement attempt never asks to decide again")
+}
+
+/// What a create charges: the charge, the offer's quota limits, and the spending the
+/// spend-guard allowed (read outside the transaction).
+struct Terms<'a> {
+    charge: &'a BTreeMap<String, i64>,
+    limits: &'a BTreeMap<String, i64>,
+    spent: Option<&'a Spending>,
+}
+
+/// What one placement attempt's transaction came to.
+enum Written {
+    /// Committed (or found already stored): the answer of [`charge_and_place`].
+    Done(Option<Reservation>),
+    /// The decision lost to a commit the view had not seen: decide again.
+    Lost,
+}
+
+/// One placement attempt, in `tx`, from the draft to the commit: the write half of
+/// [`charge_and_place`].
+async fn write_placement(
+    app: &App,
+    mut tx: crate::store::Tx,
+    placing: &Placing<'_>,
+    terms: &Terms<'_>,
+    r: &mut Reservation,
+    decided: place::Decided,
+    attempt: u32,
+) -> Result<Written> {
+    let Placing {
+        caller,
+        pool: (pool, at),
+        offer,
+        stored,
+    } = *placing;
+    let since = if stored {
+        let current = store::find(&mut tx, &r.id, app.store.for_update())
+            .await?
+            .ok_or_else(|| not_found(&r.id))?;
+        if !current.state.is_draft() {
+            return Ok(Written::Done(Some(current)));
+        }
+        r.version = current.version;
+        r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id.take());
+        app.capacity.since(&mut tx).await?
+    } else {
+        let Some(since) = insert_draft(app, &mut tx, caller, r).await? else {
+            tx.rollback().await?;
+            return Ok(Written::Done(None));
+        };
+        since
+    };
+    if let Some(spent) = terms.spent {
+        let now_spent = spending(app, &mut tx, pool, offer, r).await?;
+        if now_spent.as_ref() != Some(spent)
+            && let Some(now_spent) = &now_spent
+        {
+            judge_spending(app, &mut tx, (pool, at), now_spent).await?;
+        }
+    }
+    // Read after the locks: the bookings written below start no earlier than this.
+    let now = app.now_ms();
+    // Place first, then charge: the rows every placement locks (node reservations, then
+    // quota) are taken in the order a reclaim takes them, so the two never deadlock.
+    let (placed, preempted) =
+        match place::try_place(app, &mut tx, pool, r, decided, attempt, now).await? {
+            place::Outcome::Placed { preempted } => (true, preempted),
+            place::Outcome::Pending => (false, Vec::new()),
+            place::Outcome::Lost(nodes) => {
+                tx.rollback().await?;
+                app.capacity.forget(&nodes).await;
+                return Ok(Written::Lost);
+            }
+        };
+    // One round trip writes the reservation, its audit entry, the quota charge and the
+    // event, so the tenant's quota rows stay locked only until the commit right after.
+    // The quota is charged before the event's outbox lock, in the order a release
+    // refunds and emits.
+    r.charge = Some(terms.charge.clone());
+    r.operate("create", now);
+    let mut batch = Batch::on(&tx);
+    store::push_update(&mut batch, r);
+    let entry = Entry {
+        org_id: &r.tenant_id,
+        action: "compute-reservation.create",
+        object_type: "compute-reservation",
+        object_id: &r.id,
+        reason: None,
+        details: Some(json!({ "state": r.state, "charge": r.charge })),
+    };
+    audit::push(&mut batch, caller, entry, now);
+    let tenant = (r.pool_id.as_str(), r.tenant_id.as_str());
+    let charged = store::push_charge(&mut batch, tenant, terms.charge, 1, Some(terms.limits));
+    push_event(&mut batch, r, placement_event(placed, pool), json!({}));
+    let rows = batch.execute(&mut tx).await?;
+    if rows[0] != 1 {
+        tx.rollback().await?;
+        return Err(super::lifecycle::changed_concurrently(r));
+    }
+    if let Some(resource) = store::unfitting(charged, &rows[2..]) {
+        tx.rollback().await?;
+        return Err(quota_exceeded(app, r, terms.charge, terms.limits, &resource).await?);
+    }
+    r.version += 1;
+    place::commit(app, tx, since, r, &preempted, now).await?;
+    Ok(Written::Done(Some(r.clone())))
 }
 
 /// `QUOTA_EXCEEDED` for `resource`, with what the quota leaves.
