@@ -512,10 +512,37 @@ impl Change {
 /// How a transaction's own entries in the change feed are told apart ([`View::since`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Since {
-    /// SQLite: the last `capacity_changes` row before the transaction wrote.
-    Row(i64),
+    /// SQLite: the last `capacity_changes` row before the transaction wrote, and the last
+    /// one after it wrote, when it read that too ([`Since::until`]).
+    Rows { after: i64, until: Option<i64> },
     /// PostgreSQL: the transaction's id, which its announcements carry.
     Transaction(i64),
+}
+
+impl Since {
+    /// With the position of the change feed read again in the transaction after its last
+    /// change to capacity (the same [`View::since_sql`]), for a transaction whose every
+    /// change to capacity is laid onto the view: on SQLite every row up to it is then
+    /// known to be the transaction's, for nodes laid on, and [`View::apply`] need not read
+    /// them.
+    pub fn until(self, value: i64) -> Since {
+        match self {
+            Since::Rows { after, .. } => Since::Rows {
+                after,
+                until: Some(value),
+            },
+            Since::Transaction(_) => self,
+        }
+    }
+}
+
+/// A transaction's own rows in the SQLite change feed: those past `after` (up to `until`,
+/// when known), for the `nodes` whose changes were laid onto the view.
+#[derive(Clone, Copy)]
+struct Own<'a> {
+    after: i64,
+    until: Option<i64>,
+    nodes: &'a HashSet<String>,
 }
 
 /// Bookings a decision is about to write ([`View::assume`]).
@@ -780,7 +807,10 @@ impl View {
 
     pub fn since_of(&self, value: i64) -> Since {
         match self.backend {
-            Backend::Sqlite => Since::Row(value),
+            Backend::Sqlite => Since::Rows {
+                after: value,
+                until: None,
+            },
             Backend::Postgres => Since::Transaction(value),
         }
     }
@@ -807,7 +837,11 @@ impl View {
         let mut state = self.state.lock().await;
         let edited: HashSet<String> = edits.iter().map(|e| e.node_id.clone()).collect();
         let own = match since {
-            Since::Row(row) => Some((row, &edited)),
+            Since::Rows { after, until } => Some(Own {
+                after,
+                until,
+                nodes: &edited,
+            }),
             Since::Transaction(tx) => {
                 // Its announcements may arrive before or after this: both are passed over.
                 let now = std::time::Instant::now();
@@ -894,7 +928,7 @@ impl State {
         &mut self,
         conn: &mut AnyConnection,
         done: &SyncMutex<Vec<Ended>>,
-        own: Option<(i64, &HashSet<String>)>,
+        own: Option<Own<'_>>,
     ) -> Result<()> {
         let ended = std::mem::take(&mut *done.lock().expect("capacity view assumptions"));
         for (reservation_id, nodes) in ended {
@@ -1003,7 +1037,7 @@ impl State {
     async fn take_changes(
         &mut self,
         conn: &mut AnyConnection,
-        own: Option<(i64, &HashSet<String>)>,
+        own: Option<Own<'_>>,
     ) -> Result<Option<Changes>> {
         match &mut self.feed {
             Feed::Table {
@@ -1030,6 +1064,21 @@ impl State {
                 if count == *seen {
                     return Ok(Some(Changes::default()));
                 }
+                // Only the transaction being laid on committed since the last read, and
+                // every row it wrote is known: they name the nodes laid on, so there is
+                // nothing to read.
+                if let Some(Own {
+                    after,
+                    until: Some(until),
+                    ..
+                }) = own
+                    && count == *seen + 1
+                    && after == *cursor
+                {
+                    *cursor = until;
+                    *seen = count;
+                    return Ok(Some(Changes::default()));
+                }
                 let rows = sqlx::query(
                     "SELECT seq, node_id, pool_id FROM capacity_changes WHERE seq > $1 ORDER BY seq",
                 )
@@ -1046,8 +1095,8 @@ impl State {
                         }
                         None => {
                             let node: String = row.get("node_id");
-                            let laid_on = own
-                                .is_some_and(|(since, nodes)| seq > since && nodes.contains(&node));
+                            let laid_on =
+                                own.is_some_and(|o| seq > o.after && o.nodes.contains(&node));
                             if !laid_on {
                                 changes.nodes.insert(node);
                             }

@@ -670,7 +670,9 @@ async fn write_placement(
     let tenant = (r.pool_id.as_str(), r.tenant_id.as_str());
     let charged = store::push_charge(&mut batch, tenant, terms.charge, 1, Some(terms.limits));
     push_event(&mut batch, r, placement_event(placed, pool), json!({}));
-    let rows = batch.execute(&mut tx).await?;
+    let (rows, until) = batch
+        .execute_then(&mut tx, app.capacity.since_sql())
+        .await?;
     if rows[0] != 1 {
         tx.rollback().await?;
         return Err(super::lifecycle::changed_concurrently(r));
@@ -680,7 +682,7 @@ async fn write_placement(
         return Err(quota_exceeded(app, r, terms.charge, terms.limits, &resource).await?);
     }
     r.version += 1;
-    place::commit(app, tx, since, r, &preempted, now).await?;
+    place::commit(app, tx, since.until(until), r, &preempted, now).await?;
     Ok(Written::Done(Some(r.clone())))
 }
 
