@@ -5,7 +5,7 @@ use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
-    CREATE, attributes, bookable_pool, emit, not_found, placement_event, push_event,
+    CREATE, attributes, bookable_pool, commit_laying, emit, not_found, placement_event, push_event,
 };
 use super::place;
 use super::store::{self, ComputeReservation, Reservation};
@@ -670,6 +670,9 @@ async fn write_placement(
     let tenant = (r.pool_id.as_str(), r.tenant_id.as_str());
     let charged = store::push_charge(&mut batch, tenant, terms.charge, 1, Some(terms.limits));
     push_event(&mut batch, r, placement_event(placed, pool), json!({}));
+    // Read before the write that locks the tenant's quota rows: nothing waits between it
+    // and the commit that lets them go.
+    let laying = place::laying(app, r, &preempted, now).await;
     let (rows, until) = batch
         .execute_then(&mut tx, app.capacity.since_sql())
         .await?;
@@ -682,7 +685,7 @@ async fn write_placement(
         return Err(quota_exceeded(app, r, terms.charge, terms.limits, &resource).await?);
     }
     r.version += 1;
-    place::commit(app, tx, since.until(until), r, &preempted, now).await?;
+    commit_laying(app, tx, since.until(until), laying).await?;
     Ok(Written::Done(Some(r.clone())))
 }
 

@@ -66,18 +66,18 @@ pub(super) async fn bookable_pool(
     Ok((pool, offer))
 }
 
-/// Commits `tx` and lays what it changed on nodes (`changes`, by node) onto the capacity
-/// view ([`crate::capacity::View::apply`]); `since` was read in `tx` before it changed
-/// capacity.
-pub(super) async fn commit_with(
-    app: &App,
-    tx: crate::store::Tx,
-    since: Since,
-    changes: Vec<(String, Change)>,
-) -> Result<()> {
-    if changes.is_empty() {
-        return Ok(tx.commit().await?);
-    }
+/// What a transaction lays onto the capacity view as it commits ([`commit_laying`]).
+pub(super) enum Laying {
+    /// Its changes by node, each made against the generation the view held of the node
+    /// before the commit.
+    Edits(Vec<Edit>),
+    /// Nodes the view loads again instead (none: nothing to lay on).
+    Forget(Vec<String>),
+}
+
+/// What `changes` (by node) lay onto the view, against the generations it holds now, before
+/// the transaction that made them commits.
+pub(super) async fn laying(app: &App, changes: Vec<(String, Change)>) -> Laying {
     let nodes: Vec<String> = changes.iter().map(|(node, _)| node.clone()).collect();
     let generations = app.capacity.generations(&nodes).await;
     let edits = changes
@@ -89,10 +89,45 @@ pub(super) async fn commit_with(
             change,
         })
         .collect();
-    let turn = tx.commit_in_turn().await?;
-    app.capacity.apply(since, edits).await;
-    drop(turn);
+    Laying::Edits(edits)
+}
+
+/// Commits `tx` and lays `laying` onto the capacity view
+/// ([`crate::capacity::View::apply`], [`crate::capacity::View::forget`]); `since` was read
+/// in `tx` before it changed capacity.
+pub(super) async fn commit_laying(
+    app: &App,
+    tx: crate::store::Tx,
+    since: Since,
+    laying: Laying,
+) -> Result<()> {
+    match laying {
+        Laying::Edits(edits) if !edits.is_empty() => {
+            let turn = tx.commit_in_turn().await?;
+            app.capacity.apply(since, edits).await;
+            drop(turn);
+        }
+        Laying::Edits(_) => tx.commit().await?,
+        Laying::Forget(nodes) => {
+            tx.commit().await?;
+            if !nodes.is_empty() {
+                app.capacity.forget(&nodes).await;
+            }
+        }
+    }
     Ok(())
+}
+
+/// Commits `tx` and lays what it changed on nodes (`changes`, by node) onto the capacity
+/// view; `since` was read in `tx` before it changed capacity.
+pub(super) async fn commit_with(
+    app: &App,
+    tx: crate::store::Tx,
+    since: Since,
+    changes: Vec<(String, Change)>,
+) -> Result<()> {
+    let laying = laying(app, changes).await;
+    commit_laying(app, tx, since, laying).await
 }
 
 pub(super) async fn lock_pool(app: &App, conn: &mut AnyConnection, pool_id: &str) -> Result<()> {

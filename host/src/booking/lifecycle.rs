@@ -5,12 +5,13 @@ use serde::Deserialize;
 use serde_json::json;
 use sqlx::AnyConnection;
 
-use super::engine::{commit_with, emit, not_found};
+use super::engine::{commit_with, not_found, push_event};
 use super::store::{self, ComputeReservation, Reservation};
 use super::{State, check_reservation_id, check_tenant_id};
 use crate::audit::{self, Entry};
 use crate::capacity::{Change, Since};
 use crate::iam::{Permission, Principal};
+use crate::store::Batch;
 use crate::{App, Error, Result};
 
 /// Ends `r` in a terminal `state`, as one transition: the state changes only if the row is
@@ -35,14 +36,18 @@ pub async fn terminate(
     if !store::update(conn, r).await? {
         return Ok(false);
     }
+    // Only once the update matched: the side effects, in one round trip.
     // A bound kubernetes reservation's devices stay booked while its node still holds them.
-    if super::binding::on_terminate(conn, r, state, reason, now).await? {
+    let keeps_devices = super::binding::on_terminate(conn, r, state, reason, now).await?;
+    if keeps_devices {
         store::update(conn, r).await?;
-    } else {
-        store::release_bookings(conn, &r.id, now).await?;
+    }
+    let mut batch = Batch::on(conn);
+    if !keeps_devices {
+        store::push_release_bookings(&mut batch, &r.id, now);
     }
     if let Some(charge) = charge {
-        store::apply_charge(conn, &r.pool_id, &r.tenant_id, &charge, -1, None).await?;
+        store::push_charge(&mut batch, (&r.pool_id, &r.tenant_id), &charge, -1, None);
     }
     let kind = match state {
         State::Cancelled => "reservation.cancelled",
@@ -50,7 +55,8 @@ pub async fn terminate(
         State::Failed => "reservation.failed",
         _ => "reservation.expired",
     };
-    emit(conn, r, kind, json!({ "reason": reason })).await?;
+    push_event(&mut batch, r, kind, json!({ "reason": reason }));
+    batch.execute(conn).await?;
     Ok(true)
 }
 

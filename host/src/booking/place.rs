@@ -18,13 +18,14 @@ use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
-    commit_with, lock_pool, mark_pending, mark_placed, older_pending_exists, push_event,
+    self, Laying, commit_laying, lock_pool, mark_pending, mark_placed, older_pending_exists,
+    push_event,
 };
 use super::placement::{Placer, Refusal, Snapshot, check_choice};
 use super::preempt;
 use super::store::{self, Member, Reservation};
 use super::{HostBooking, State};
-use crate::capacity::{Assumed, Assumption, Change, Since};
+use crate::capacity::{Assumed, Assumption, Change};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::settings::Version;
@@ -515,30 +516,20 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
             tx.rollback().await?;
             return Ok(false);
         }
-        commit(app, tx, since, &r, &preempted, now).await?;
+        let laying = laying(app, &r, &preempted, now).await;
+        commit_laying(app, tx, since, laying).await?;
         return Ok(placed);
     }
     Ok(false)
 }
 
-/// Commits `tx`, in which `r` was placed at `now` (or marked pending), and lays the
-/// bookings it wrote onto the capacity view. Where spot work was terminated, the view
-/// loads the nodes again instead.
-pub(super) async fn commit(
-    app: &App,
-    tx: crate::store::Tx,
-    since: Since,
-    r: &Reservation,
-    preempted: &[String],
-    now: i64,
-) -> Result<()> {
+/// What the commit of `r`'s placement at `now` (or its move to pending) lays onto the
+/// capacity view: the bookings it wrote; where spot work was terminated, the nodes loaded
+/// again instead. Read before the commit.
+pub(super) async fn laying(app: &App, r: &Reservation, preempted: &[String], now: i64) -> Laying {
     let nodes = r.node_ids();
     if nodes.is_empty() || !preempted.is_empty() {
-        tx.commit().await?;
-        app.capacity
-            .forget(&[nodes, preempted.to_vec()].concat())
-            .await;
-        return Ok(());
+        return Laying::Forget([nodes, preempted.to_vec()].concat());
     }
     let window = (r.start_ms.max(now), r.end_ms);
     let host = (
@@ -554,5 +545,5 @@ pub(super) async fn commit(
             (m.node_id.clone(), change)
         })
         .collect();
-    commit_with(app, tx, since, changes).await
+    engine::laying(app, changes).await
 }

@@ -558,20 +558,24 @@ pub async fn insert_bookings(
 /// Ends a reservation's bookings at `now` (or drops them if they had not started): they
 /// stop claiming their units at once.
 pub async fn release_bookings(conn: &mut AnyConnection, id: &str, now: i64) -> Result<()> {
-    for table in ["bookings", "host_bookings"] {
-        sqlx::query(&format!(
-            "UPDATE {table} SET active = $1,
-                 end_ms = CASE WHEN end_ms < $2 THEN end_ms WHEN start_ms > $2 THEN start_ms ELSE $2 END
-             WHERE reservation_id = $3 AND active = $4"
-        ))
-        .bind(false)
-        .bind(now)
-        .bind(id)
-        .bind(true)
-        .execute(&mut *conn)
-        .await?;
-    }
+    let mut batch = Batch::on(conn);
+    push_release_bookings(&mut batch, id, now);
+    batch.execute(conn).await?;
     Ok(())
+}
+
+/// Adds [`release_bookings`]'s writes to `batch`.
+pub fn push_release_bookings(batch: &mut Batch, id: &str, now: i64) {
+    for table in ["bookings", "host_bookings"] {
+        batch.push(
+            &format!(
+                "UPDATE {table} SET active = $1,
+                     end_ms = CASE WHEN end_ms < $2 THEN end_ms WHEN start_ms > $2 THEN start_ms ELSE $2 END
+                 WHERE reservation_id = $3 AND active = $4"
+            ),
+            vec![false.into(), now.into(), id.into(), true.into()],
+        );
+    }
 }
 
 /// Moves the end of a reservation's active bookings.
