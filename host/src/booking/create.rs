@@ -23,7 +23,7 @@ use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
 use crate::pools::store::{Offer, Pool};
 use crate::settings::Version;
-use crate::store::Batch;
+use crate::store::{Batch, violates};
 use crate::{App, Error, Result};
 
 /// Checks the request against what the pool is: its device classes, sharing mode and
@@ -639,24 +639,34 @@ async fn write_placement(
     // Read after the locks: the bookings written below start no earlier than this.
     let now = app.now_ms();
     // Place first, then charge: the rows every placement locks (node reservations, then
-    // quota) are taken in the order a reclaim takes them, so the two never deadlock.
-    let (placed, preempted) =
-        match place::try_place(app, &mut tx, pool, r, decided, attempt, now).await? {
-            place::Outcome::Placed { preempted } => (true, preempted),
-            place::Outcome::Pending => (false, Vec::new()),
-            place::Outcome::Lost(nodes) => {
-                tx.rollback().await?;
-                app.capacity.forget(&nodes).await;
-                return Ok(Written::Lost);
-            }
-        };
-    // One round trip writes the reservation, its audit entry, the quota charge and the
-    // event, so the tenant's quota rows stay locked only until the commit right after.
-    // The quota is charged before the event's outbox lock, in the order a release
-    // refunds and emits.
+    // quota) are taken in the order a reclaim takes them, so the two never deadlock. The
+    // bookings are written with what follows, in its round trip.
+    let mut deferred = place::Deferred {
+        batch: Batch::on(&tx),
+        expect: Vec::new(),
+    };
+    let placing = place::try_place(
+        app,
+        &mut tx,
+        pool,
+        r,
+        decided,
+        attempt,
+        now,
+        Some(&mut deferred),
+    );
+    let (placed, preempted) = match placing.await? {
+        place::Outcome::Placed { preempted } => (true, preempted),
+        place::Outcome::Pending => (false, Vec::new()),
+        place::Outcome::Lost(nodes) => return lost(app, tx, &nodes).await,
+    };
+    // One round trip writes the bookings, the reservation, its audit entry, the quota
+    // charge and the event, so the tenant's quota rows stay locked only until the commit
+    // right after. The quota is charged before the event's outbox lock, in the order a
+    // release refunds and emits.
     r.charge = Some(terms.charge.clone());
     r.operate("create", now);
-    let mut batch = Batch::on(&tx);
+    let place::Deferred { mut batch, expect } = deferred;
     store::push_update(&mut batch, r);
     let entry = Entry {
         org_id: &r.tenant_id,
@@ -673,9 +683,18 @@ async fn write_placement(
     // Read before the write that locks the tenant's quota rows: nothing waits between it
     // and the commit that lets them go.
     let laying = place::laying(app, r, &preempted, now).await;
-    let (rows, until) = batch
-        .execute_then(&mut tx, app.capacity.since_sql())
-        .await?;
+    let (rows, until) = match batch.execute_then(&mut tx, app.capacity.since_sql()).await {
+        Ok(done) => done,
+        Err(err) if violates(&err, "bookings_no_overlap") => {
+            return lost(app, tx, &r.node_ids()).await;
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let (booked, rows) = rows.split_at(expect.len());
+    if booked != expect {
+        // A unit is no longer on its node.
+        return lost(app, tx, &r.node_ids()).await;
+    }
     if rows[0] != 1 {
         tx.rollback().await?;
         return Err(super::lifecycle::changed_concurrently(r));
@@ -687,6 +706,14 @@ async fn write_placement(
     r.version += 1;
     commit_laying(app, tx, since.until(until), laying).await?;
     Ok(Written::Done(Some(r.clone())))
+}
+
+/// An attempt whose decision lost to a commit the view had not seen: rolls back and has
+/// the view load `nodes` again, to decide again.
+async fn lost(app: &App, tx: crate::store::Tx, nodes: &[String]) -> Result<Written> {
+    tx.rollback().await?;
+    app.capacity.forget(nodes).await;
+    Ok(Written::Lost)
 }
 
 /// `QUOTA_EXCEEDED` for `resource`, with what the quota leaves.

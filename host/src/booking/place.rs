@@ -29,7 +29,7 @@ use crate::capacity::{Assumed, Assumption, Change};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::settings::Version;
-use crate::store::{Backend, violates};
+use crate::store::{Backend, Batch, violates};
 use crate::{App, Error, Result};
 
 /// How many candidate nodes a placer is offered at first: enough for a good fit, few
@@ -47,6 +47,23 @@ const BOOKED_CONCURRENTLY: &str = "the chosen units were booked concurrently";
 pub(super) struct Chosen {
     pub members: Vec<Member>,
     pub decided_by: String,
+}
+
+/// Bookings of a placement added to the batch that then writes the placed reservation
+/// (its update, audit entry, charge and event), so that they go in the same round trip;
+/// `expect` is how many rows they change when every unit is still on its node. The caller
+/// executes the batch; a loss shows as other counts, or as an overlap error.
+pub(super) struct Deferred {
+    pub batch: Batch,
+    pub expect: Vec<u64>,
+}
+
+/// Where [`book`] writes the bookings.
+pub(super) enum Write<'a> {
+    /// Now; with `go_on` under a savepoint, so that the transaction can go on after a loss.
+    Now { go_on: bool },
+    /// Into the caller's batch.
+    Into(&'a mut Deferred),
 }
 
 /// What a decision on a snapshot came to.
@@ -197,7 +214,9 @@ fn decide_one(
 /// the choice, or, when it does not fit, lets spot work give way or marks it `pending`
 /// (`Unschedulable`, retried every 30 s; `Queued` in a pool-lease pool). A pool-lease queue
 /// is served in order: nothing jumps an older queued reservation. On the last attempt a
-/// lost decision waits as `pending` instead of asking to decide again.
+/// lost decision waits as `pending` instead of asking to decide again. With `defer`, the
+/// bookings of a choice are added to it instead of written, except on the last attempt.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn try_place(
     app: &App,
     conn: &mut AnyConnection,
@@ -206,6 +225,7 @@ pub(super) async fn try_place(
     decided: Decided,
     attempt: u32,
     now: i64,
+    defer: Option<&mut Deferred>,
 ) -> Result<Outcome> {
     let queued = pool.policy.placer == PlacerMode::PoolLease;
     if queued {
@@ -219,7 +239,11 @@ pub(super) async fn try_place(
     let (reason, spot_nodes) = match decided {
         Decided::Chosen(chosen) => {
             let last = attempt + 1 == PLACE_ATTEMPTS;
-            return match book(app, conn, r, chosen, last, now).await? {
+            let write = match defer {
+                Some(deferred) if !last => Write::Into(deferred),
+                _ => Write::Now { go_on: last },
+            };
+            return match book(app, conn, r, chosen, write, now).await? {
                 Attempt::Placed => Ok(Outcome::Placed {
                     preempted: Vec::new(),
                 }),
@@ -266,7 +290,15 @@ async fn preempt_and_place(
         // The terminations changed what is free: place on what the transaction sees.
         let freed = snapshot.read_again(&mut attempt, spot_nodes).await?;
         if let Decided::Chosen(chosen) = decide_on(app, &mut attempt, (pool, at), r, &freed).await?
-            && let Attempt::Placed = book(app, &mut attempt, r, chosen, false, now).await?
+            && let Attempt::Placed = book(
+                app,
+                &mut attempt,
+                r,
+                chosen,
+                Write::Now { go_on: false },
+                now,
+            )
+            .await?
         {
             attempt.commit().await?;
             return Ok(true);
@@ -276,16 +308,16 @@ async fn preempt_and_place(
     Ok(false)
 }
 
-/// Writes the bookings `chosen` names, all members or none, after checking under locks
-/// what the view that decided may not have seen; marks `r` placed. With `go_on` the
-/// transaction can go on after a loss (the bookings are written under a savepoint);
-/// otherwise the caller rolls it back.
+/// Writes the bookings `chosen` names (as `write` says), all members or none, after
+/// checking under locks what the view that decided may not have seen; marks `r` placed.
+/// After a loss the caller rolls the transaction back, unless the bookings were written
+/// under a savepoint.
 pub(super) async fn book(
     app: &App,
     conn: &mut AnyConnection,
     r: &mut Reservation,
     chosen: Chosen,
-    go_on: bool,
+    write: Write<'_>,
     now: i64,
 ) -> Result<Attempt> {
     let Chosen {
@@ -316,16 +348,32 @@ pub(super) async fn book(
             return Ok(Attempt::Lost(nodes(&members)));
         }
     }
-    let written = if go_on {
-        let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-        let written = insert_members(app, &mut savepoint, r, &members, now).await?;
-        match written {
-            true => savepoint.commit().await?,
-            false => savepoint.rollback().await?,
+    let written = match write {
+        Write::Into(deferred) => {
+            for m in &members {
+                let share = app.provider_share_bps;
+                let rows = store::push_bookings(
+                    &mut deferred.batch,
+                    r,
+                    &m.node_id,
+                    &m.unit_ids,
+                    share,
+                    now,
+                );
+                deferred.expect.extend(rows);
+            }
+            true
         }
-        written
-    } else {
-        insert_members(app, conn, r, &members, now).await?
+        Write::Now { go_on: true } => {
+            let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+            let written = insert_members(app, &mut savepoint, r, &members, now).await?;
+            match written {
+                true => savepoint.commit().await?,
+                false => savepoint.rollback().await?,
+            }
+            written
+        }
+        Write::Now { go_on: false } => insert_members(app, conn, r, &members, now).await?,
     };
     if !written {
         return Ok(Attempt::Lost(nodes(&members)));
@@ -476,7 +524,7 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
         let before = r.conditions.clone();
         let since = app.capacity.since(&mut tx).await?;
         let (placed, preempted) =
-            match try_place(app, &mut tx, &pool, &mut r, decided, attempt, now).await? {
+            match try_place(app, &mut tx, &pool, &mut r, decided, attempt, now, None).await? {
                 Outcome::Placed { preempted } => (true, preempted),
                 Outcome::Pending => (false, Vec::new()),
                 Outcome::Lost(nodes) => {

@@ -507,8 +507,22 @@ pub async fn insert_bookings(
     provider_share_bps: u32,
     now: i64,
 ) -> sqlx::Result<bool> {
-    let start = r.start_ms.max(now);
     let mut batch = Batch::on(conn);
+    let rows = push_bookings(&mut batch, r, node_id, units, provider_share_bps, now);
+    Ok(batch.execute(conn).await? == rows)
+}
+
+/// Adds [`insert_bookings`]'s writes to `batch`; answers how many rows they change when
+/// every unit is still on the node.
+pub fn push_bookings(
+    batch: &mut Batch,
+    r: &Reservation,
+    node_id: &str,
+    units: &[String],
+    provider_share_bps: u32,
+    now: i64,
+) -> Vec<u64> {
+    let start = r.start_ms.max(now);
     // One statement for every unit, with the price of the tenant's offer (none: the pool's
     // owner books its own capacity) and what the unit is.
     let sql = format!(
@@ -552,7 +566,7 @@ pub async fn insert_bookings(
         );
         rows.push(1);
     }
-    Ok(batch.execute(conn).await? == rows)
+    rows
 }
 
 /// Ends a reservation's bookings at `now` (or drops them if they had not started): they
