@@ -571,7 +571,7 @@ async fn charge_and_place(
         let tx = app.store.begin().await?;
         let write = write_placement(app, tx, &placing, &terms, &mut r, decided, attempt);
         match write.await? {
-            Written::Done(done) => return Ok(done),
+            Written::Done(done) => return Ok(done.map(|r| *r)),
             Written::Lost => continue,
         }
     }
@@ -589,7 +589,7 @@ struct Terms<'a> {
 /// What one placement attempt's transaction came to.
 enum Written {
     /// Committed (or found already stored): the answer of [`charge_and_place`].
-    Done(Option<Reservation>),
+    Done(Option<Box<Reservation>>),
     /// The decision lost to a commit the view had not seen: decide again.
     Lost,
 }
@@ -616,7 +616,7 @@ async fn write_placement(
             .await?
             .ok_or_else(|| not_found(&r.id))?;
         if !current.state.is_draft() {
-            return Ok(Written::Done(Some(current)));
+            return Ok(Written::Done(Some(Box::new(current))));
         }
         r.version = current.version;
         r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id.take());
@@ -705,7 +705,7 @@ async fn write_placement(
     }
     r.version += 1;
     commit_laying(app, tx, since.until(until), laying).await?;
-    Ok(Written::Done(Some(r.clone())))
+    Ok(Written::Done(Some(Box::new(r.clone()))))
 }
 
 /// An attempt whose decision lost to a commit the view had not seen: rolls back and has
