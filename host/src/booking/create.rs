@@ -645,6 +645,9 @@ async fn write_placement(
         batch: Batch::on(&tx),
         expect: Vec::new(),
     };
+    // What to decide again from if the bookings lose in the final round trip, after the
+    // placement marked `r` placed.
+    let unplaced = r.clone();
     let placing = place::try_place(
         app,
         &mut tx,
@@ -686,14 +689,18 @@ async fn write_placement(
     let (rows, until) = match batch.execute_then(&mut tx, app.capacity.since_sql()).await {
         Ok(done) => done,
         Err(err) if violates(&err, "bookings_no_overlap") => {
-            return lost(app, tx, &r.node_ids()).await;
+            let nodes = r.node_ids();
+            *r = unplaced;
+            return lost(app, tx, &nodes).await;
         }
         Err(err) => return Err(err.into()),
     };
     let (booked, rows) = rows.split_at(expect.len());
     if booked != expect {
         // A unit is no longer on its node.
-        return lost(app, tx, &r.node_ids()).await;
+        let nodes = r.node_ids();
+        *r = unplaced;
+        return lost(app, tx, &nodes).await;
     }
     if rows[0] != 1 {
         tx.rollback().await?;
