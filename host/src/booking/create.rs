@@ -686,22 +686,20 @@ async fn write_placement(
     // Read before the write that locks the tenant's quota rows: nothing waits between it
     // and the commit that lets them go.
     let laying = place::laying(app, r, &preempted, now).await;
-    let (rows, until) = match batch.execute_then(&mut tx, app.capacity.since_sql()).await {
-        Ok(done) => done,
-        Err(err) if violates(&err, "bookings_no_overlap") => {
-            let nodes = r.node_ids();
-            *r = unplaced;
-            return lost(app, tx, &nodes).await;
-        }
+    // A booking loses to one the view had not seen (an overlap), or to a unit no longer on
+    // its node (fewer rows).
+    let written = match batch.execute_then(&mut tx, app.capacity.since_sql()).await {
+        Ok((rows, until)) if rows[..expect.len()] == expect[..] => Some((rows, until)),
+        Ok(_) => None,
+        Err(err) if violates(&err, "bookings_no_overlap") => None,
         Err(err) => return Err(err.into()),
     };
-    let (booked, rows) = rows.split_at(expect.len());
-    if booked != expect {
-        // A unit is no longer on its node.
+    let Some((rows, until)) = written else {
         let nodes = r.node_ids();
         *r = unplaced;
         return lost(app, tx, &nodes).await;
-    }
+    };
+    let rows = &rows[expect.len()..];
     if rows[0] != 1 {
         tx.rollback().await?;
         return Err(super::lifecycle::changed_concurrently(r));
