@@ -34,6 +34,7 @@
 //!   never holds quota while waiting for a node reservation that a reclaim holds while it
 //!   refunds.
 
+pub mod availability;
 pub mod binding;
 pub mod create;
 pub mod engine;

@@ -5,6 +5,7 @@ mod support;
 
 mod audit;
 mod auth;
+mod availability;
 mod bindings;
 mod bootstrap;
 mod capacity_view;

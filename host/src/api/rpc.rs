@@ -8,6 +8,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::Json;
 use crate::booking::CreateRequest;
+use crate::booking::availability::{self, Availability, AvailabilityRequest};
 use crate::booking::create;
 use crate::booking::extend::{self, ExtendInput, Extended};
 use crate::booking::lifecycle::{self, ReservationRef};
@@ -25,6 +26,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(cancel))
         .routes(routes!(extend))
         .routes(routes!(renew))
+        .routes(routes!(availability))
 }
 
 /// Books devices of one pool for a time window after one IAM decision on the draft;
@@ -106,4 +108,17 @@ async fn renew(
     Json(body): Json<ReservationRef>,
 ) -> Result<Json<ComputeReservation>> {
     Ok(Json(lifecycle::renew(&app, &caller, body).await?))
+}
+
+/// The earliest starts in a window at which a request fits, with the nodes and units it
+/// would get, and whether quota and budget would take it now. Writes nothing.
+#[utoipa::path(post, path = "/api/compute/reservations/availability", tag = "compute-reservations", request_body = AvailabilityRequest,
+    responses((status = 200, body = Availability), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope),
+              (status = 502, body = ErrorEnvelope)))]
+async fn availability(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<AvailabilityRequest>,
+) -> Result<Json<Availability>> {
+    Ok(Json(availability::availability(&app, &caller, body).await?))
 }

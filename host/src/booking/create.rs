@@ -28,7 +28,7 @@ use crate::{App, Error, Result};
 
 /// Checks the request against what the pool is: its device classes, sharing mode and
 /// bindings.
-fn check_against_pool(
+pub(super) fn check_against_pool(
     request: &CreateRequest,
     binding: Binding,
     pool: &Pool,
@@ -336,7 +336,7 @@ async fn confirmation_state(conn: &mut AnyConnection, r: &Reservation) -> Result
         .map_or_else(|| "expired".into(), |c| c.state))
 }
 
-fn new_draft(
+pub(super) fn new_draft(
     caller: &Principal,
     id: &str,
     request: &CreateRequest,
@@ -425,6 +425,18 @@ async fn finish_draft(
 pub(super) struct Spending {
     charge: orl_spend_guard_default::Charge,
     budget: orl_spend_guard_default::Budget,
+}
+
+impl Spending {
+    /// The charge and the budget it is judged against.
+    pub(super) fn figures(
+        &self,
+    ) -> (
+        &orl_spend_guard_default::Charge,
+        &orl_spend_guard_default::Budget,
+    ) {
+        (&self.charge, &self.budget)
+    }
 }
 
 /// What the spend-guard decides on for `r`, read on `conn`; `None` when neither the pool

@@ -33,6 +33,9 @@ pub enum ComputeReservationsCommand {
     Extend(ExtendArgs),
     /// Move the lease deadline to now plus the reservation's leaseSeconds.
     Renew(Target),
+    /// When and where a request would fit: the earliest starts in a window, with the units,
+    /// and whether quota and budget would take it now. Books nothing.
+    Availability(AvailabilityArgs),
 }
 
 /// One reservation of a tenant.
@@ -83,6 +86,47 @@ pub struct CreateArgs {
     /// Send this CreateRequest (JSON, `-` for stdin) instead of one built from the flags;
     /// --idempotency-key and --wait-ms still apply.
     #[arg(long, conflicts_with_all = ["tenant", "pool", "gpus", "model", "nvlink_all", "duration", "start", "lease_seconds", "spot"])]
+    request_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct AvailabilityArgs {
+    /// The tenant org that would book.
+    #[arg(long, required_unless_present = "request_file")]
+    tenant: Option<String>,
+    /// The pool id (`pool_…`).
+    #[arg(long, required_unless_present = "request_file")]
+    pool: Option<String>,
+    /// How many whole GPUs.
+    #[arg(long, required_unless_present = "request_file")]
+    gpus: Option<i64>,
+    /// Exact GPU model, e.g. H100-SXM5-80GB.
+    #[arg(long)]
+    model: Option<String>,
+    /// All GPUs in one NVLink domain.
+    #[arg(long)]
+    nvlink_all: bool,
+    /// Window length: seconds, or e.g. 90m, 2h, 1d.
+    #[arg(long, default_value = "1h")]
+    duration: String,
+    /// Spot: may also use units that node reservations released to the spot market.
+    #[arg(long)]
+    spot: bool,
+    /// Members on distinct nodes (2-64).
+    #[arg(long)]
+    gang: Option<i64>,
+    /// The earliest start: epoch milliseconds or RFC 3339; defaults to now.
+    #[arg(long, value_parser = instant)]
+    from: Option<i64>,
+    /// The latest end: epoch milliseconds or RFC 3339; defaults to 7 days after --from.
+    #[arg(long, value_parser = instant)]
+    to: Option<i64>,
+    /// 1-50 slots; the server's default is 10.
+    #[arg(long)]
+    limit: Option<i64>,
+    /// Send this request (JSON, `-` for stdin: a create request plus `window` and `limit`)
+    /// instead of one built from the flags.
+    #[arg(long, conflicts_with_all = ["tenant", "pool", "gpus", "model", "nvlink_all", "duration", "spot", "gang", "from", "to", "limit"])]
     request_file: Option<PathBuf>,
 }
 
@@ -143,6 +187,34 @@ fn duration(text: &str) -> Value {
 
 fn fresh_key() -> String {
     format!("cli-{}", ulid::Ulid::new().to_string().to_lowercase())
+}
+
+/// The availability request: from the file, or built from the flags.
+fn availability_request(args: AvailabilityArgs) -> anyhow::Result<Value> {
+    if let Some(file) = &args.request_file {
+        return read_json(file, "the request file");
+    }
+    let mut device = json!({ "class": "gpu", "count": args.gpus });
+    if let Some(model) = args.model {
+        device["selector"] = json!({ "model": model });
+    }
+    if args.nvlink_all {
+        device["topology"] = json!("nvlink-all");
+    }
+    const WEEK_MS: i64 = 7 * 24 * 3_600_000;
+    let from = args
+        .from
+        .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
+    Ok(render::without_nulls(json!({
+        "tenantId": args.tenant,
+        "poolId": args.pool,
+        "devices": [device],
+        "duration": duration(&args.duration),
+        "spot": args.spot.then_some(true),
+        "gang": args.gang.map(|size| json!({ "size": size })),
+        "window": { "from": from, "to": args.to.unwrap_or(from.saturating_add(WEEK_MS)) },
+        "limit": args.limit,
+    })))
 }
 
 /// The create request: from the file, or built from the flags.
@@ -235,5 +307,12 @@ pub(super) async fn run(
             client.post(&call("renew"), &reference(&target)).await?,
             render::reservation,
         ),
+        ComputeReservationsCommand::Availability(args) => {
+            let body = availability_request(args)?;
+            (
+                client.post(&call("availability"), &body).await?,
+                render::availability,
+            )
+        }
     })
 }

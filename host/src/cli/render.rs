@@ -404,6 +404,68 @@ pub fn extended(value: &Value) -> String {
     out
 }
 
+/// The answer of `availability`: one row per slot and member, then quota and budget.
+pub fn availability(value: &Value) -> String {
+    let rows = value["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|slot| {
+            slot["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(move |m| {
+                    vec![
+                        instant(&slot["start"]),
+                        instant(&slot["latestStart"]),
+                        instant(&slot["end"]),
+                        cell(&m["nodeId"]),
+                        cell(&m["unitIds"]),
+                    ]
+                })
+        });
+    let mut out = table(&["start", "latest start", "end", "node", "units"], rows);
+    out.push_str(&format!(
+        "\nsearched until {}",
+        instant(&value["searchedUntil"])
+    ));
+    let quota = &value["quota"];
+    let lines: Vec<String> = quota["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            format!(
+                "{} {} (used {} of {})",
+                cell(&l["requested"]),
+                cell(&l["resource"]),
+                cell(&l["used"]),
+                cell(&l["limit"])
+            )
+        })
+        .collect();
+    let admits = |check: &Value| match check["admits"].as_bool() {
+        Some(true) => "admits",
+        _ => "refuses",
+    };
+    out.push_str(&format!("\nquota {}: {}", admits(quota), lines.join(", ")));
+    if let Some(budget) = value.get("budget") {
+        out.push_str(&format!(
+            "\nbudget {}: charge {}, limit {}, spent {}, committed {}",
+            admits(budget),
+            cell(&budget["chargeMinor"]),
+            cell(&budget["limitMinor"]),
+            cell(&budget["spentMinor"]),
+            cell(&budget["committedMinor"])
+        ));
+        if let Some(reason) = budget["reason"].as_str() {
+            out.push_str(&format!(" ({reason})"));
+        }
+    }
+    out
+}
+
 /// An org's policy as Cedar text, so the output can be edited and set again.
 pub fn policy(value: &Value) -> String {
     let text = value["policy"].as_str().unwrap_or_default();

@@ -4,9 +4,10 @@
 use async_graphql::connection::Connection;
 use async_graphql::{Context, Object, Result};
 
+use super::error::invalid_json;
 use super::types::{
-    AuditEntry, Catalog, ComputeReservation, Earnings, Event, Node, NodeReservation, Offer, Plugin,
-    Pool, Viewer,
+    AuditEntry, Availability, Catalog, ComputeReservation, Earnings, Event, Node, NodeReservation,
+    Offer, Plugin, Pool, Viewer,
 };
 use super::{app, caller, limits, page};
 use crate::booking::State;
@@ -26,6 +27,22 @@ impl Query {
     /// The caller: its key, org and permissions.
     async fn viewer(&self, ctx: &Context<'_>) -> Result<Viewer> {
         Ok(Viewer::from(caller(ctx)?))
+    }
+
+    /// The earliest starts in a window at which a request fits, with the units it would get,
+    /// and whether quota and budget would take it now: `input` is the RPC's `availability`
+    /// body. Writes nothing.
+    async fn availability(
+        &self,
+        ctx: &Context<'_>,
+        input: async_graphql::Json<serde_json::Value>,
+    ) -> Result<Availability> {
+        let request = serde_json::from_value(input.0).map_err(|e| invalid_json(&e))?;
+        Ok(
+            crate::booking::availability::availability(app(ctx), caller(ctx)?, request)
+                .await?
+                .into(),
+        )
     }
 
     /// The nodes an org owns (by default the caller's), by id.

@@ -3,8 +3,8 @@
 use async_graphql::{Json, SimpleObject};
 
 use super::{api_name, json};
-use crate::booking::extend;
 use crate::booking::store as compute;
+use crate::booking::{availability as search, extend};
 use crate::catalog;
 use crate::node_reservations::queries;
 
@@ -214,6 +214,95 @@ impl From<catalog::Catalog> for Catalog {
                         .collect(),
                 })
                 .collect(),
+        }
+    }
+}
+
+/// When and where a request fits (`availability`): the RPC's answer.
+#[derive(SimpleObject)]
+pub struct Availability {
+    /// Earliest first; for each node at most one, its earliest.
+    pub slots: Vec<AvailabilitySlot>,
+    /// No slot missing from `slots` starts before this (epoch milliseconds).
+    pub searched_until: i64,
+    pub quota: QuotaCheck,
+    /// Absent where neither the pool nor the offer asks for a budget check.
+    pub budget: Option<BudgetCheck>,
+}
+
+/// A start at which a request fits, and the units it would get.
+#[derive(SimpleObject)]
+pub struct AvailabilitySlot {
+    pub start: i64,
+    pub end: i64,
+    /// The same units take the request at any start up to this one.
+    pub latest_start: i64,
+    pub members: Vec<PlacementMember>,
+}
+
+/// A request's quota charge against what the tenant's offer leaves.
+#[derive(SimpleObject)]
+pub struct QuotaCheck {
+    pub admits: bool,
+    pub resources: Vec<QuotaLine>,
+}
+
+/// One resource of a quota charge.
+#[derive(SimpleObject)]
+pub struct QuotaLine {
+    pub resource: String,
+    pub requested: i64,
+    pub limit: i64,
+    pub used: i64,
+}
+
+/// The spend-guard's answer on a request's cost (minor units).
+#[derive(SimpleObject)]
+pub struct BudgetCheck {
+    pub admits: bool,
+    pub reason: Option<String>,
+    pub charge_minor: i64,
+    pub limit_minor: i64,
+    pub spent_minor: i64,
+    pub committed_minor: i64,
+}
+
+impl From<search::Availability> for Availability {
+    fn from(a: search::Availability) -> Self {
+        Availability {
+            slots: (a.slots.into_iter())
+                .map(|s| AvailabilitySlot {
+                    start: s.start,
+                    end: s.end,
+                    latest_start: s.latest_start,
+                    members: (s.members.into_iter())
+                        .map(|m| PlacementMember {
+                            node_id: m.node_id,
+                            unit_ids: m.unit_ids,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            searched_until: a.searched_until,
+            quota: QuotaCheck {
+                admits: a.quota.admits,
+                resources: (a.quota.resources.into_iter())
+                    .map(|l| QuotaLine {
+                        resource: l.resource,
+                        requested: l.requested,
+                        limit: l.limit,
+                        used: l.used,
+                    })
+                    .collect(),
+            },
+            budget: a.budget.map(|b| BudgetCheck {
+                admits: b.admits,
+                reason: b.reason,
+                charge_minor: b.charge_minor,
+                limit_minor: b.limit_minor,
+                spent_minor: b.spent_minor,
+                committed_minor: b.committed_minor,
+            }),
         }
     }
 }

@@ -1,0 +1,330 @@
+//! Availability search (`POST /api/compute/reservations/availability`, GraphQL
+//! `availability`, `orl compute reservations availability`): when and where a request would
+//! fit, and whether quota takes it, without writing anything.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::{
+    Api, Db, Server, T0, assert_error, audit_count, h100_inventory, on_both_databases,
+};
+
+const HOUR: i64 = 3_600_000;
+
+/// Provider `acme` with `nodes` nodes of 8 H100s (`n1`…, each labelled `node: <id>` so a
+/// booking can name its node) in one pool offered to `tenant-a` with a quota of 32 GPUs;
+/// `tenant` is a member key of tenant-a.
+struct World {
+    server: Server,
+    tenant: Api,
+    pool: String,
+}
+
+async fn world(db: Db, nodes: usize) -> World {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    let node_ids: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
+    for node in &node_ids {
+        let mut inventory = h100_inventory(node, 8);
+        inventory["labels"] = json!({ "node": node });
+        let (status, body) = provider
+            .put(&format!("/v1/orgs/acme/provider/nodes/{node}"), inventory)
+            .await;
+        assert!(status.is_success(), "{status} {body}");
+    }
+    let tenant = server.org_with_key("tenant-a", "member").await;
+    let (status, pool) = server
+        .admin()
+        .post(
+            "/v1/pools",
+            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": node_ids }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{pool}");
+    let pool = pool["id"].as_str().unwrap().to_string();
+    let (status, offer) = server
+        .admin()
+        .post(
+            &format!("/v1/pools/{pool}/offers"),
+            json!({ "tenantId": "tenant-a", "quota": { "gpu": 32 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{offer}");
+    World {
+        server,
+        tenant,
+        pool,
+    }
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+impl World {
+    /// Books all 8 GPUs of `node` from `start` for `hours`; answers the reservation.
+    async fn book_node(&self, node: &str, start: i64, hours: i64) -> Value {
+        let devices =
+            json!([{ "class": "gpu", "count": 8, "selector": { "labels": { "node": node } } }]);
+        let key = format!("busy-{node}-{start}");
+        let body = json!({ "tenantId": "tenant-a", "poolId": self.pool, "devices": devices,
+                           "start": start, "duration": hours * 3600, "idempotencyKey": key });
+        let (status, r) = self
+            .tenant
+            .post("/api/compute/reservations/create", body)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        assert_eq!(r["state"], "placed", "{r}");
+        r
+    }
+
+    /// An availability request for `gpus` (in one NVLink domain up to 4) over `[from, to)`.
+    fn ask(&self, gpus: i64, hours: i64, from: i64, to: i64) -> Value {
+        let topology = if gpus <= 4 { "nvlink-all" } else { "any" };
+        json!({ "tenantId": "tenant-a", "poolId": self.pool, "devices": [{ "class": "gpu", "count": gpus, "topology": topology }],
+                "duration": format!("{hours}h"), "window": { "from": from, "to": to } })
+    }
+
+    async fn search(&self, body: Value) -> (StatusCode, Value) {
+        self.tenant
+            .post("/api/compute/reservations/availability", body)
+            .await
+    }
+}
+
+on_both_databases!(
+    a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_is_placed_there,
+    a_search_passes_over_units_reserved_to_another_org_and_counts_quota,
+    a_search_checks_its_input_and_its_caller_and_writes_nothing,
+    graphql_availability_answers_what_the_rpc_answers,
+);
+
+async fn a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_is_placed_there(
+    db: Db,
+) {
+    let w = world(db, 3).await;
+    w.book_node("n1", T0, 2).await;
+    w.book_node("n2", T0, 5).await;
+    w.book_node("n3", T0 + 3 * HOUR, 10).await;
+    let (status, found) = w.search(w.ask(8, 2, T0, T0 + 24 * HOUR)).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    let slots: Vec<(i64, i64, String)> = found["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["start"].as_i64().unwrap() - T0,
+                s["latestStart"].as_i64().unwrap() - T0,
+                s["members"][0]["nodeId"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    // n3 is free until its booking at 3 h: two hours fit there from now to 1 h.
+    assert_eq!(
+        slots,
+        vec![
+            (0, HOUR, "n3".to_string()),
+            (2 * HOUR, 22 * HOUR, "n1".to_string()),
+            (5 * HOUR, 22 * HOUR, "n2".to_string()),
+        ]
+    );
+    assert_eq!(found["searchedUntil"], T0 + 22 * HOUR);
+    assert_eq!(found["slots"][0]["end"], T0 + 2 * HOUR);
+    let (status, limited) = w
+        .search({
+            let mut ask = w.ask(8, 2, T0, T0 + 24 * HOUR);
+            ask["limit"] = json!(1);
+            ask
+        })
+        .await;
+    assert_eq!(status, StatusCode::OK, "{limited}");
+    assert_eq!(limited["slots"].as_array().unwrap().len(), 1);
+    assert_eq!(limited["searchedUntil"], T0 + 2 * HOUR, "{limited}");
+    // Booked at the slot's start, the request gets the slot's node and units.
+    let slot = &found["slots"][0];
+    let body = json!({ "tenantId": "tenant-a", "poolId": w.pool, "devices": [{ "class": "gpu", "count": 8, "topology": "nvlink-all" }],
+                       "start": slot["start"], "duration": "2h", "idempotencyKey": "at-slot" });
+    let (status, placed) = w
+        .tenant
+        .post("/api/compute/reservations/create", body)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{placed}");
+    assert_eq!(placed["state"], "placed", "{placed}");
+    let sorted = |units: &Value| {
+        let mut units: Vec<String> = serde_json::from_value(units.clone()).unwrap();
+        units.sort();
+        units
+    };
+    assert_eq!(placed["placement"]["nodeId"], slot["members"][0]["nodeId"]);
+    assert_eq!(
+        sorted(&placed["placement"]["unitIds"]),
+        sorted(&slot["members"][0]["unitIds"])
+    );
+    // Four GPUs in one NVLink domain for an hour: n1 and n3 from 2 h, n2 from 5 h.
+    let (_, half) = w.search(w.ask(4, 1, T0, T0 + 24 * HOUR)).await;
+    let starts: Vec<i64> = half["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["start"].as_i64().unwrap() - T0)
+        .collect();
+    assert_eq!(starts, vec![2 * HOUR, 2 * HOUR, 5 * HOUR], "{half}");
+}
+
+async fn a_search_passes_over_units_reserved_to_another_org_and_counts_quota(db: Db) {
+    let w = world(db, 2).await;
+    w.server.org_with_key("anchor", "member").await;
+    let units: Vec<String> = (0..8).map(|g| format!("n1-gpu{g}")).collect();
+    let (status, nr) = w
+        .server
+        .admin()
+        .post(
+            "/v1/nodes/n1/reservations",
+            json!({ "unitIds": units, "allowedOrgIds": ["anchor"], "endsAt": rfc3339(T0 + 6 * HOUR) }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{nr}");
+    w.book_node("n2", T0, 3).await;
+    let (status, found) = w.search(w.ask(8, 1, T0, T0 + 24 * HOUR)).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    let slots: Vec<(i64, &str)> = found["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["start"].as_i64().unwrap() - T0,
+                s["members"][0]["nodeId"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(slots, vec![(3 * HOUR, "n2"), (6 * HOUR, "n1")], "{found}");
+    assert_eq!(
+        found["quota"],
+        json!({ "admits": true, "resources": [{ "resource": "gpu", "requested": 8, "limit": 32, "used": 8 }] })
+    );
+    assert!(found.get("budget").is_none(), "{found}");
+    let mut gang = w.ask(8, 1, T0, T0 + 24 * HOUR);
+    gang["gang"] = json!({ "size": 4 });
+    let (status, too_many) = w.search(gang).await;
+    assert_eq!(status, StatusCode::OK, "{too_many}");
+    assert_eq!(
+        too_many["quota"]["admits"], false,
+        "32 more GPUs do not fit in 24 left"
+    );
+    assert_eq!(
+        too_many["slots"],
+        json!([]),
+        "two nodes cannot hold four members"
+    );
+    let mut pair = w.ask(8, 1, T0, T0 + 24 * HOUR);
+    pair["gang"] = json!({ "size": 2 });
+    let (_, pair) = w.search(pair).await;
+    let members: Vec<&str> = pair["slots"][0]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["nodeId"].as_str().unwrap())
+        .collect();
+    assert_eq!(pair["slots"][0]["start"], T0 + 6 * HOUR, "{pair}");
+    assert_eq!(members.len(), 2, "{pair}");
+}
+
+async fn a_search_checks_its_input_and_its_caller_and_writes_nothing(db: Db) {
+    let w = world(db, 1).await;
+    let audited = audit_count(&w.server).await;
+    let day = T0 + 24 * HOUR;
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({ "window": { "from": day, "to": T0 } }), "window.to"),
+        (
+            json!({ "window": { "from": T0, "to": T0 + HOUR } }),
+            "window.to",
+        ),
+        (
+            json!({ "window": { "from": T0, "to": T0 + 400 * 24 * HOUR } }),
+            "window.to",
+        ),
+        (
+            json!({ "window": { "from": -1, "to": day } }),
+            "window.from",
+        ),
+        (json!({ "limit": 0 }), "limit"),
+        (json!({ "limit": 51 }), "limit"),
+        (json!({ "duration": "soon" }), "duration"),
+        (json!({ "devices": [] }), "devices"),
+        (json!({ "tenantId": "bad tenant" }), "tenantId"),
+    ];
+    for (patch, field) in cases {
+        let mut body = w.ask(8, 2, T0, day);
+        for (k, v) in patch.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, err) = w.search(body.clone()).await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+        assert_eq!(err["error"]["details"]["field"], field, "{body} → {err}");
+    }
+    let mut unknown = w.ask(8, 2, T0, day);
+    unknown["idempotencyKey"] = json!("k-1");
+    let (status, err) = w.search(unknown).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    let mut binding = w.ask(8, 2, T0, day);
+    binding["binding"] = json!("vm");
+    let (status, err) = w.search(binding).await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "UNSUPPORTED");
+    let stranger = w.server.org_with_key("stranger", "member").await;
+    let mut theirs = w.ask(8, 2, T0, day);
+    theirs["tenantId"] = json!("stranger");
+    let (status, err) = stranger
+        .post("/api/compute/reservations/availability", theirs)
+        .await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (status, err) = stranger
+        .post(
+            "/api/compute/reservations/availability",
+            w.ask(8, 2, T0, day),
+        )
+        .await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    // A window wholly in the past has no slots.
+    let (status, past) = w.search(w.ask(8, 1, T0 - 48 * HOUR, T0 - 24 * HOUR)).await;
+    assert_eq!(status, StatusCode::OK, "{past}");
+    assert_eq!(past["slots"], json!([]));
+    let (status, found) = w.search(w.ask(8, 2, T0, day)).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    assert_eq!(found["slots"][0]["start"], T0, "starts from now");
+    assert_eq!(
+        audit_count(&w.server).await,
+        audited,
+        "a search writes nothing"
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM compute_reservations")
+        .fetch_one(&mut w.server.database().await)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "no draft is left");
+}
+
+async fn graphql_availability_answers_what_the_rpc_answers(db: Db) {
+    let w = world(db, 2).await;
+    w.book_node("n1", T0, 4).await;
+    let ask = w.ask(8, 2, T0, T0 + 48 * HOUR);
+    let (_, rest) = w.search(ask.clone()).await;
+    let query = "query($input: JSON!) { availability(input: $input) {
+        slots { start end latestStart members { nodeId unitIds } }
+        searchedUntil quota { admits resources { resource requested limit used } } budget { admits } } }";
+    let (status, body) = w
+        .tenant
+        .post(
+            "/graphql",
+            json!({ "query": query, "variables": { "input": ask } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.get("errors").is_none(), "{body}");
+    let mut expected = rest.clone();
+    expected["budget"] = Value::Null;
+    assert_eq!(body["data"]["availability"], expected);
+}
