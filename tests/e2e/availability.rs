@@ -145,7 +145,7 @@ async fn a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_i
     assert_eq!(limited["searchedUntil"], T0 + 2 * HOUR, "{limited}");
     // Booked at the slot's start, the request gets the slot's node and units.
     let slot = &found["slots"][0];
-    let body = json!({ "tenantId": "tenant-a", "poolId": w.pool, "devices": [{ "class": "gpu", "count": 8, "topology": "nvlink-all" }],
+    let body = json!({ "tenantId": "tenant-a", "poolId": w.pool, "devices": [{ "class": "gpu", "count": 8 }],
                        "start": slot["start"], "duration": "2h", "idempotencyKey": "at-slot" });
     let (status, placed) = w
         .tenant
@@ -235,6 +235,7 @@ async fn a_search_passes_over_units_reserved_to_another_org_and_counts_quota(db:
 
 async fn a_search_checks_its_input_and_its_caller_and_writes_nothing(db: Db) {
     let w = world(db, 1).await;
+    let stranger = w.server.org_with_key("stranger", "member").await;
     let audited = audit_count(&w.server).await;
     let day = T0 + 24 * HOUR;
     let cases: Vec<(Value, &str)> = vec![
@@ -274,7 +275,6 @@ async fn a_search_checks_its_input_and_its_caller_and_writes_nothing(db: Db) {
     binding["binding"] = json!("vm");
     let (status, err) = w.search(binding).await;
     assert_error(status, &err, StatusCode::BAD_REQUEST, "UNSUPPORTED");
-    let stranger = w.server.org_with_key("stranger", "member").await;
     let mut theirs = w.ask(8, 2, T0, day);
     theirs["tenantId"] = json!("stranger");
     let (status, err) = stranger

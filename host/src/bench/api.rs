@@ -7,7 +7,8 @@
 //! `nvlink-all`; an 8 is a whole node), releasing their oldest ones whenever the pool is more than 70 %
 //! booked. It prints creates per second, latency percentiles, answers by code, the server's
 //! CPU time per create and its resident memory, then the latency of `get`, `list`, a page
-//! of the catalog and a GraphQL page of 100 nodes.
+//! of the catalog and a GraphQL page of 100 nodes. Last, it books units spread over the next
+//! 180 days (`--availability-bookings`) and times availability searches over that window.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::process::Stdio;
@@ -38,6 +39,10 @@ pub struct ApiBench {
     /// run; SQLite in a temporary directory otherwise.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// After the reads, book this many more units spread over the next 180 days, then time
+    /// availability searches over that window (0 skips it).
+    #[arg(long, default_value_t = 100_000)]
+    pub availability_bookings: usize,
 }
 
 /// Share of the pool's GPUs the clients keep booked.
@@ -124,7 +129,98 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
         booked as f64 * 100.0 / capacity as f64,
         server.resident_mib()?
     );
-    reads(&tenant, &api, &ids).await
+    reads(&tenant, &api, &ids).await?;
+    if args.availability_bookings > 0 {
+        spread(&tenant, &pool, args.availability_bookings, args.clients).await?;
+        println!("  server resident memory {:.0} MiB", server.resident_mib()?);
+        searches(&tenant, &pool).await?;
+    }
+    Ok(())
+}
+
+/// The window availability searches look over, and future bookings are spread over.
+const SPREAD_DAYS: i64 = 180;
+const HOUR_MS: i64 = 3_600_000;
+
+/// Books `units` more GPUs at random starts over the next [`SPREAD_DAYS`] days, for 1 to 72
+/// hours each, from `clients` clients at once.
+async fn spread(tenant: &Api, pool: &str, units: usize, clients: usize) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let now = chrono::Utc::now().timestamp_millis();
+    let booked = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (api, pool, booked) = (tenant.clone(), pool.to_string(), booked.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(1_000 + c as u64);
+            let mut n = 0;
+            while booked.load(Ordering::Relaxed) < units as i64 {
+                let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
+                let start = now + rng.random_range(1..SPREAD_DAYS * 24) * HOUR_MS;
+                n += 1;
+                let body = json!({ "tenantId": "tenant-a", "poolId": pool,
+                                   "devices": [{ "class": "gpu", "count": gpus }], "start": start,
+                                   "duration": rng.random_range(1..=72) * 3600,
+                                   "idempotencyKey": format!("spread-{c}-{n}") });
+                let (status, answer) = api
+                    .call("POST", "/api/compute/reservations/create", body)
+                    .await?;
+                if status.is_success() && answer["state"] == "placed" {
+                    booked.fetch_add(gpus, Ordering::Relaxed);
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    println!(
+        "  booked {} more units over the next {SPREAD_DAYS} days in {:.1} s",
+        booked.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Latency of availability searches over the next [`SPREAD_DAYS`] days, 50 of each shape,
+/// one at a time.
+async fn searches(tenant: &Api, pool: &str) -> anyhow::Result<()> {
+    let shapes = [
+        ("8 GPUs nvlink-all", 8, true),
+        ("8 GPUs", 8, false),
+        ("4 GPUs nvlink-all", 4, true),
+        ("1 GPU", 1, false),
+    ];
+    for (name, gpus, nvlink_all) in shapes {
+        let now = chrono::Utc::now().timestamp_millis();
+        let mut device = json!({ "class": "gpu", "count": gpus });
+        if nvlink_all {
+            device["topology"] = json!("nvlink-all");
+        }
+        let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [device], "duration": "24h",
+                           "window": { "from": now, "to": now + SPREAD_DAYS * 24 * HOUR_MS } });
+        let mut latencies = Vec::new();
+        let mut slots = 0;
+        for _ in 0..50 {
+            let sent = Instant::now();
+            let answer = tenant
+                .send(
+                    "POST",
+                    "/api/compute/reservations/availability",
+                    body.clone(),
+                )
+                .await?;
+            latencies.push(sent.elapsed());
+            slots = answer["slots"].as_array().map_or(0, Vec::len);
+        }
+        println!(
+            "  availability, {name} for 24 h over {SPREAD_DAYS} days: p50 {}, p99 {} ({slots} slots)",
+            ms(percentile(&mut latencies, 0.50)),
+            ms(percentile(&mut latencies, 0.99))
+        );
+    }
+    Ok(())
 }
 
 /// Registers `nodes` nodes for provider `acme`, a pool of them offered to `tenant-a`;

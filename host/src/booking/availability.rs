@@ -11,6 +11,11 @@
 //! node's next start to try in one queue, earliest first: the slots come out in start
 //! order, and it stops at the `limit`-th slot.
 //!
+//! A node that does not fit at the window's first start is read once more at a start after
+//! everything on it has ended ([`ONCE_FREE`]): what holds it then (node reservations without
+//! an end) holds it for good, and a node that does not fit even then is passed over. So a
+//! request that fits nowhere costs two reads per node, not one per booking.
+//!
 //! A gang needs its members on distinct nodes at one start, so each start tried reads the
 //! whole pool; it tries at most [`GANG_STARTS`] of them. Either way the search stops after
 //! [`MAX_TRIES`] node reads, and says how far it got (`searchedUntil`): no slot it did not
@@ -32,6 +37,8 @@ use crate::{Error, Result};
 pub const MAX_TRIES: usize = 200_000;
 /// How many starts a gang search tries (each reads the whole pool).
 pub const GANG_STARTS: usize = 64;
+/// A start after every booking, host booking and node-reservation term that has an end.
+const ONCE_FREE: i64 = 2 * super::MAX_INSTANT_MS;
 /// The longest window a search covers: 366 days.
 pub const MAX_WINDOW_MS: i64 = 366 * 24 * 3_600_000;
 
@@ -174,6 +181,7 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
                     unit_ids: units,
                 }],
             }),
+            None if start == search.from && fits_alone(node, search, ONCE_FREE).is_none() => {}
             None => {
                 if let Some(next) = next_end(node, start).filter(|s| *s <= search.last_start) {
                     queue.push(Reverse((next, n)));
@@ -251,6 +259,13 @@ fn latest_start(node: &NodeCapacity, search: &Search<'_>, start: i64, units: &[S
 /// A gang: the whole pool read at each start where anything ends, members placed as a
 /// create places them, until `limit` slots whose start ranges do not overlap.
 fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
+    let complete = Found {
+        slots: Vec::new(),
+        searched_until: search.last_start,
+    };
+    if gang_at(nodes, search, ONCE_FREE).is_none() {
+        return complete;
+    }
     let mut starts: Vec<i64> = (nodes.nodes.iter())
         .filter(|n| !n.is_lost())
         .flat_map(|n| {
@@ -277,18 +292,7 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
             continue;
         }
         tries += 1;
-        let snapshot = Snapshot::of(
-            PoolList {
-                nodes: nodes.nodes.clone(),
-                scan: Default::default(),
-                smallest_share: nodes.smallest_share,
-            },
-            "",
-            start,
-            start + search.duration_ms,
-            search.now,
-        );
-        let Ok(Ok(chosen)) = super::gang::decide(&NativeDefault, search.r, &snapshot) else {
+        let Some(chosen) = gang_at(nodes, search, start) else {
             continue;
         };
         let by_id: BTreeMap<&str, &Arc<NodeCapacity>> = (nodes.nodes.iter())
@@ -304,10 +308,20 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
             members: chosen.members,
         });
     }
-    Found {
-        slots,
-        searched_until: search.last_start,
-    }
+    Found { slots, ..complete }
+}
+
+/// The members a gang would get at `start`, placed as a create places them.
+fn gang_at(nodes: &PoolList, search: &Search<'_>, start: i64) -> Option<super::place::Chosen> {
+    let pool = PoolList {
+        nodes: nodes.nodes.clone(),
+        scan: Default::default(),
+        smallest_share: nodes.smallest_share,
+    };
+    let snapshot = Snapshot::of(pool, "", start, start + search.duration_ms, search.now);
+    super::gang::decide(&NativeDefault, search.r, &snapshot)
+        .ok()?
+        .ok()
 }
 
 /// What a search answers.
@@ -346,13 +360,13 @@ pub struct SlotView {
 #[serde(rename_all = "camelCase")]
 pub struct QuotaCheck {
     pub admits: bool,
-    pub resources: Vec<QuotaLine>,
+    pub resources: Vec<QuotaCharge>,
 }
 
 /// One resource of a quota charge.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct QuotaLine {
+pub struct QuotaCharge {
     pub resource: String,
     pub requested: i64,
     /// A resource the offer does not name has a limit of 0.
@@ -380,9 +394,9 @@ impl QuotaCheck {
         limits: &BTreeMap<String, i64>,
         used: &BTreeMap<String, i64>,
     ) -> QuotaCheck {
-        let resources: Vec<QuotaLine> = (charge.iter())
+        let resources: Vec<QuotaCharge> = (charge.iter())
             .filter(|(_, amount)| **amount != 0)
-            .map(|(resource, amount)| QuotaLine {
+            .map(|(resource, amount)| QuotaCharge {
                 resource: resource.clone(),
                 requested: *amount,
                 limit: limits.get(resource).copied().unwrap_or(0),

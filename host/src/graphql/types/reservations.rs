@@ -244,12 +244,12 @@ pub struct AvailabilitySlot {
 #[derive(SimpleObject)]
 pub struct QuotaCheck {
     pub admits: bool,
-    pub resources: Vec<QuotaLine>,
+    pub resources: Vec<QuotaCharge>,
 }
 
 /// One resource of a quota charge.
 #[derive(SimpleObject)]
-pub struct QuotaLine {
+pub struct QuotaCharge {
     pub resource: String,
     pub requested: i64,
     pub limit: i64,
@@ -287,7 +287,7 @@ impl From<search::Availability> for Availability {
             quota: QuotaCheck {
                 admits: a.quota.admits,
                 resources: (a.quota.resources.into_iter())
-                    .map(|l| QuotaLine {
+                    .map(|l| QuotaCharge {
                         resource: l.resource,
                         requested: l.requested,
                         limit: l.limit,
