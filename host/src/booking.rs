@@ -44,6 +44,7 @@ pub mod lifecycle;
 pub mod list;
 pub mod place;
 pub mod placement;
+pub mod plan;
 pub mod preempt;
 pub mod store;
 

@@ -1,6 +1,7 @@
-//! Availability search (`POST /api/compute/reservations/availability`, GraphQL
-//! `availability`, `orl compute reservations availability`): when and where a request would
-//! fit, and whether quota takes it, without writing anything.
+//! When can I get it, and what would happen: the availability search
+//! (`POST /api/compute/reservations/availability`, GraphQL `availability`,
+//! `orl compute reservations availability`) and the dry-run plan
+//! (`POST /api/compute/reservations/plan`), neither of which writes anything.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -99,6 +100,8 @@ on_both_databases!(
     a_search_passes_over_units_reserved_to_another_org_and_counts_quota,
     a_search_checks_its_input_and_its_caller_and_writes_nothing,
     graphql_availability_answers_what_the_rpc_answers,
+    a_plan_answers_what_the_create_after_it_does_and_writes_nothing,
+    a_plan_reports_the_iam_decision_and_the_quota_that_refuse_a_create,
 );
 
 async fn a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_is_placed_there(
@@ -327,4 +330,153 @@ async fn graphql_availability_answers_what_the_rpc_answers(db: Db) {
     let mut expected = rest.clone();
     expected["budget"] = Value::Null;
     assert_eq!(body["data"]["availability"], expected);
+}
+
+/// Counts every reservation row, drafts included.
+async fn reservation_rows(server: &Server) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM compute_reservations")
+        .fetch_one(&mut server.database().await)
+        .await
+        .unwrap()
+}
+
+impl World {
+    fn request(&self, key: &str, gpus: i64) -> Value {
+        json!({ "tenantId": "tenant-a", "poolId": self.pool, "devices": [{ "class": "gpu", "count": gpus }],
+                "duration": "1h", "idempotencyKey": key })
+    }
+
+    async fn plan(&self, body: Value) -> Value {
+        let (status, plan) = self
+            .tenant
+            .post("/api/compute/reservations/plan", body)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{plan}");
+        plan
+    }
+}
+
+async fn a_plan_answers_what_the_create_after_it_does_and_writes_nothing(db: Db) {
+    let w = world(db, 2).await;
+    w.book_node("n1", T0, 2).await;
+    let (audited, rows) = (
+        audit_count(&w.server).await,
+        reservation_rows(&w.server).await,
+    );
+    let plan = w.plan(w.request("k-1", 8)).await;
+    assert_eq!(plan["outcome"], "placed", "{plan}");
+    assert_eq!(plan["iam"], "allow");
+    assert_eq!(
+        plan["quota"],
+        json!({ "admits": true, "resources": [{ "resource": "gpu", "requested": 8, "limit": 32, "used": 8 }] })
+    );
+    assert_eq!(plan["placement"]["members"][0]["nodeId"], "n2", "{plan}");
+    assert_eq!(plan["placement"]["preempts"], json!([]));
+    assert!(
+        plan["placement"]["placedBy"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("sha256:")),
+        "{plan}"
+    );
+    assert_eq!(
+        audit_count(&w.server).await,
+        audited,
+        "a plan writes nothing"
+    );
+    assert_eq!(reservation_rows(&w.server).await, rows, "not even a draft");
+    let (status, created) = w
+        .tenant
+        .post("/api/compute/reservations/create", w.request("k-1", 8))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    assert_eq!(created["id"], plan["reservationId"]);
+    assert_eq!(created["state"], "placed");
+    assert_eq!(
+        created["placement"]["members"],
+        plan["placement"]["members"]
+    );
+    assert_eq!(
+        created["placement"]["placedBy"],
+        plan["placement"]["placedBy"]
+    );
+    // The same key again is a replay; a request that no node can take now waits.
+    let replay = w.plan(w.request("k-1", 8)).await;
+    assert_eq!(
+        (&replay["outcome"], &replay["replayed"]),
+        (&json!("replayed"), &json!("placed")),
+        "{replay}"
+    );
+    let (status, err) = w
+        .tenant
+        .post("/api/compute/reservations/plan", w.request("k-1", 4))
+        .await;
+    assert_error(status, &err, StatusCode::CONFLICT, "CONFLICT");
+    let waiting = w.plan(w.request("k-2", 8)).await;
+    assert_eq!(waiting["outcome"], "pending", "{waiting}");
+    assert_eq!(waiting["placement"]["members"], json!([]));
+    assert!(
+        waiting["placement"]["reason"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{waiting}"
+    );
+    let (_, pending) = w
+        .tenant
+        .post("/api/compute/reservations/create", w.request("k-2", 8))
+        .await;
+    assert_eq!(pending["state"], "pending", "{pending}");
+    assert_eq!(
+        pending["conditions"][0]["message"],
+        waiting["placement"]["reason"]
+    );
+}
+
+async fn a_plan_reports_the_iam_decision_and_the_quota_that_refuse_a_create(db: Db) {
+    let w = world(db, 4).await;
+    let policy = r#"permit(principal, action == Orl::Action::"compute:reservations:create", resource) when { context.gpuCount <= 16 };"#;
+    let (status, body) = w
+        .server
+        .admin()
+        .put("/v1/orgs/tenant-a/iam/policy", json!({ "policy": policy }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut big = w.request("k-big", 8);
+    big["gang"] = json!({ "size": 3 });
+    let plan = w.plan(big.clone()).await;
+    assert_eq!(
+        (&plan["outcome"], &plan["iam"]),
+        (&json!("ACCESS_DENIED"), &json!("deny")),
+        "{plan}"
+    );
+    let (status, err) = w
+        .tenant
+        .post("/api/compute/reservations/create", big.clone())
+        .await;
+    assert_error(status, &err, StatusCode::FORBIDDEN, "ACCESS_DENIED");
+    let refused = w.plan(big).await;
+    assert_eq!(
+        (&refused["outcome"], &refused["replayed"]),
+        (&json!("ACCESS_DENIED"), &json!("denied")),
+        "a refused key stays refused: {refused}"
+    );
+    w.book_node("n1", T0, 1).await;
+    w.book_node("n2", T0, 1).await;
+    w.book_node("n3", T0, 1).await;
+    let mut pair = w.request("k-pair", 8);
+    pair["gang"] = json!({ "size": 2 });
+    let plan = w.plan(pair.clone()).await;
+    assert_eq!(
+        (&plan["outcome"], &plan["iam"]),
+        (&json!("QUOTA_EXCEEDED"), &json!("allow")),
+        "{plan}"
+    );
+    assert_eq!(
+        plan["quota"],
+        json!({ "admits": false, "resources": [{ "resource": "gpu", "requested": 16, "limit": 32, "used": 24 }] })
+    );
+    let (status, err) = w
+        .tenant
+        .post("/api/compute/reservations/create", pair)
+        .await;
+    assert_error(status, &err, StatusCode::CONFLICT, "QUOTA_EXCEEDED");
 }

@@ -318,6 +318,21 @@ async fn the_cli_pools_offers_and_books_compute_through_its_lifecycle(db: Db) {
     assert_eq!(later["end"], T0 + 25 * HOUR);
     let later_id = later["id"].as_str().unwrap();
 
+    // When 8 GPUs could start: after the 4 booked now; quota leaves 3, the budget is ample.
+    let search = format!(
+        "compute reservations availability --tenant tenant-a --pool {pool} --gpus 8 \
+         --duration 1h --from {T0} --to 2026-12-02T00:00:00Z"
+    );
+    let slots = orl(&server, tenant, &words(&search)).await;
+    assert!(
+        slots.contains("2026-12-01T02:00:00Z") && slots.contains("n1-gpu7"),
+        "{slots}"
+    );
+    assert!(
+        slots.contains("quota refuses: 8 gpu (used 5 of 8)") && slots.contains("budget admits"),
+        "{slots}"
+    );
+
     let list = "compute reservations list --tenant tenant-a";
     let listed = orl(&server, tenant, &words(list)).await;
     assert!(

@@ -525,6 +525,16 @@ impl Contest {
 async fn a_non_spot_create_preempts_the_newest_spot_work_with_the_default_preemptor(db: Db) {
     let c = contest(db, 1).await;
     let (older, newer) = c.two_spot_jobs().await;
+    let body = json!({ "tenantId": "buyer", "poolId": c.pool, "devices": [{ "class": "gpu", "count": 4, "topology": "nvlink-all" }],
+                       "duration": "2h", "spot": false, "idempotencyKey": "job" });
+    let (status, plan) = c.buyer.post("/api/compute/reservations/plan", body).await;
+    assert_eq!(status, StatusCode::OK, "{plan}");
+    assert_eq!(plan["outcome"], "placed", "{plan}");
+    assert_eq!(
+        plan["placement"]["preempts"],
+        json!([newer["id"]]),
+        "the plan names the victim"
+    );
 
     let r = c.create("buyer", "job", 4, false).await;
 

@@ -13,6 +13,7 @@ use crate::booking::create;
 use crate::booking::extend::{self, ExtendInput, Extended};
 use crate::booking::lifecycle::{self, ReservationRef};
 use crate::booking::list::{self, ListInput, ReservationPage};
+use crate::booking::plan::{self, Plan};
 use crate::booking::store::ComputeReservation;
 use crate::iam::Principal;
 use crate::{App, Result};
@@ -27,6 +28,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(extend))
         .routes(routes!(renew))
         .routes(routes!(availability))
+        .routes(routes!(plan))
 }
 
 /// Books devices of one pool for a time window after one IAM decision on the draft;
@@ -121,4 +123,18 @@ async fn availability(
     Json(body): Json<AvailabilityRequest>,
 ) -> Result<Json<Availability>> {
     Ok(Json(availability::availability(&app, &caller, body).await?))
+}
+
+/// What `create` would do with the request now, step by step: the IAM decision, the quota
+/// charge, the spend-guard's answer, the placement and any spot work preempted. Writes
+/// nothing.
+#[utoipa::path(post, path = "/api/compute/reservations/plan", tag = "compute-reservations", request_body = CreateRequest,
+    responses((status = 200, body = Plan), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope),
+              (status = 409, body = ErrorEnvelope), (status = 502, body = ErrorEnvelope)))]
+async fn plan(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Json(body): Json<CreateRequest>,
+) -> Result<Json<Plan>> {
+    Ok(Json(plan::plan(&app, &caller, body).await?))
 }

@@ -474,26 +474,8 @@ pub async fn availability(
     let charge = super::quota_charge(&request, excess);
     let limits = offer.as_ref().map(|o| o.quota.clone()).unwrap_or_default();
     let used = crate::pools::store::quota_used(&mut conn, &pool.id, &request.tenant_id).await?;
-    let budget = match super::create::spending(app, &mut conn, &pool, offer.as_ref(), &r).await? {
-        None => None,
-        Some(spending) => {
-            let judged = super::create::judge_spending(app, &mut conn, (&pool, at), &spending);
-            let reason = match judged.await {
-                Ok(()) => None,
-                Err(Error::SpendLimitReached(reason)) => Some(reason),
-                Err(err) => return Err(err),
-            };
-            let (charge, budget) = spending.figures();
-            Some(BudgetCheck {
-                admits: reason.is_none(),
-                reason,
-                charge_minor: charge.amount_minor,
-                limit_minor: budget.limit_minor,
-                spent_minor: budget.spent_minor,
-                committed_minor: budget.committed_minor,
-            })
-        }
-    };
+    let budget =
+        super::create::budget_check(app, &mut conn, (&pool, at), offer.as_ref(), &r).await?;
     Ok(Availability {
         slots: (found.slots.into_iter())
             .map(|s| SlotView {

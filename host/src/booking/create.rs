@@ -107,19 +107,31 @@ pub async fn create(
     Ok(reservation.view())
 }
 
-/// What the database says before a create decides: the stored reservation under this id,
-/// the pool and the tenant's offer, the pool's nodes (their inventory), the tenant's policy.
-struct Context {
-    existing: Option<Reservation>,
-    confirmation: Option<String>,
-    at: Version,
-    pool: Pool,
-    offer: Option<Offer>,
-    snapshot: Snapshot,
-    policy: Option<String>,
+/// `CONFLICT` when the key of the stored reservation `existing` was used for another request.
+pub(super) fn check_replay(existing: &Reservation, request: &CreateRequest) -> Result<()> {
+    if existing.request.fingerprint() != request.fingerprint() {
+        return Err(Error::conflict(
+            "this idempotencyKey was used for a different request",
+            Some(json!({ "reservationId": existing.id })),
+        ));
+    }
+    Ok(())
 }
 
-async fn read_context(
+/// What the database says before a create decides: the stored reservation under this id,
+/// the pool and the tenant's offer, the pool's nodes (their inventory), the tenant's policy.
+pub(super) struct Context {
+    pub existing: Option<Reservation>,
+    /// The state of the confirmation an awaiting reservation waits for.
+    pub confirmation: Option<String>,
+    pub at: Version,
+    pub pool: Pool,
+    pub offer: Option<Offer>,
+    pub snapshot: Snapshot,
+    pub policy: Option<String>,
+}
+
+pub(super) async fn read_context(
     app: &App,
     existing: Option<Reservation>,
     request: &CreateRequest,
@@ -167,12 +179,7 @@ async fn decide_and_place(
     };
     let mut confirmed = false;
     if let Some(existing) = &replay {
-        if existing.request.fingerprint() != request.fingerprint() {
-            return Err(Error::conflict(
-                "this idempotencyKey was used for a different request",
-                Some(json!({ "reservationId": id })),
-            ));
-        }
+        check_replay(existing, &request)?;
         match existing.state {
             State::Denied => return Err(Error::AccessDenied("the request was refused".into())),
             State::Draft | State::AwaitingConfirmation => {}
@@ -427,18 +434,6 @@ pub(super) struct Spending {
     budget: orl_spend_guard_default::Budget,
 }
 
-impl Spending {
-    /// The charge and the budget it is judged against.
-    pub(super) fn figures(
-        &self,
-    ) -> (
-        &orl_spend_guard_default::Charge,
-        &orl_spend_guard_default::Budget,
-    ) {
-        (&self.charge, &self.budget)
-    }
-}
-
 /// What the spend-guard decides on for `r`, read on `conn`; `None` when neither the pool
 /// nor the offer asks for a budget check.
 pub(super) async fn spending(
@@ -520,6 +515,34 @@ pub(super) async fn judge_spending(
             .map_err(|r| Error::SpendLimitReached(r.into_reason())),
         Err(failure) => Err(Error::PolicyFailed(failure)),
     }
+}
+
+/// The spend-guard's answer for `r` with the figures it decided on, read and decided on
+/// `conn`, without failing on a refusal; `None` when no budget check applies.
+pub(super) async fn budget_check(
+    app: &App,
+    conn: &mut AnyConnection,
+    (pool, at): (&Pool, Version),
+    offer: Option<&Offer>,
+    r: &Reservation,
+) -> Result<Option<super::availability::BudgetCheck>> {
+    let Some(spending) = spending(app, conn, pool, offer, r).await? else {
+        return Ok(None);
+    };
+    let reason = match judge_spending(app, conn, (pool, at), &spending).await {
+        Ok(()) => None,
+        Err(Error::SpendLimitReached(reason)) => Some(reason),
+        Err(err) => return Err(err),
+    };
+    let Spending { charge, budget } = spending;
+    Ok(Some(super::availability::BudgetCheck {
+        admits: reason.is_none(),
+        reason,
+        charge_minor: charge.amount_minor,
+        limit_minor: budget.limit_minor,
+        spent_minor: budget.spent_minor,
+        committed_minor: budget.committed_minor,
+    }))
 }
 
 /// The spend-guard's answer for `r`, read and decided on `conn`.

@@ -141,7 +141,7 @@ pub(super) async fn decide(
 
 /// Asks the pool's placer (its assignment read on `conn`) for units on `snapshot`. A gang
 /// is decided member by member ([`super::gang`]).
-async fn decide_on(
+pub(super) async fn decide_on(
     app: &App,
     conn: &mut AnyConnection,
     (pool, at): (&Pool, Version),

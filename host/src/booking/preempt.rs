@@ -35,9 +35,62 @@ pub(super) async fn make_room(
     snapshot: &Snapshot,
     now: i64,
 ) -> Result<bool> {
+    let Some(Victims {
+        ids: victims,
+        decided_by,
+    }) = victims(app, conn, (pool, at), r, snapshot).await?
+    else {
+        return Ok(false);
+    };
+    let mut terminated = false;
+    for victim_id in victims {
+        let Some(mut victim) = store::find(conn, &victim_id, app.store.for_update()).await? else {
+            continue;
+        };
+        if victim.state.is_terminal()
+            || !terminate(conn, &mut victim, State::Released, PREEMPTED, now).await?
+        {
+            continue;
+        }
+        let entry = Entry {
+            org_id: &pool.owner_org_id,
+            action: "compute-reservation.preempt",
+            object_type: "compute-reservation",
+            object_id: &victim_id,
+            reason: None,
+            details: Some(json!({
+                "reason": PREEMPTED,
+                "preemptedFor": r.id,
+                "decidedBy": decided_by,
+                "tenantId": victim.tenant_id,
+                "unitIds": victim.unit_ids,
+            })),
+        };
+        audit::record(conn, &Principal::system(), entry, now).await?;
+        terminated = true;
+    }
+    Ok(terminated)
+}
+
+/// The spot reservations the pool's preemptor would end so that `r` fits, and the plugin
+/// that chose them.
+pub(super) struct Victims {
+    pub ids: Vec<String>,
+    pub decided_by: String,
+}
+
+/// What the pool's preemptor chooses on `snapshot` for `r`, its answer checked; `None` when
+/// no spot work could help. Writes nothing.
+pub(super) async fn victims(
+    app: &App,
+    conn: &mut AnyConnection,
+    (pool, at): (&Pool, Version),
+    r: &Reservation,
+    snapshot: &Snapshot,
+) -> Result<Option<Victims>> {
     let offer = snapshot.candidates(r, true, None);
     if offer.spot.is_empty() {
-        return Ok(false);
+        return Ok(None);
     }
     let preemptor = assignment::resolve(app, conn, at, &pool.id, World::Preemptor).await?;
     let decide = |loaded: &crate::policy::Loaded| {
@@ -86,37 +139,14 @@ pub(super) async fn make_room(
         Err(failure) => return Err(Error::PolicyFailed(failure)),
     };
     let Ok(victims) = victims else {
-        return Ok(false);
+        return Ok(None);
     };
-    let mut terminated = false;
-    for id in victims {
-        let victim_id = &offer.spot_reservations[id as usize];
-        let Some(mut victim) = store::find(conn, victim_id, app.store.for_update()).await? else {
-            continue;
-        };
-        if victim.state.is_terminal()
-            || !terminate(conn, &mut victim, State::Released, PREEMPTED, now).await?
-        {
-            continue;
-        }
-        let entry = Entry {
-            org_id: &pool.owner_org_id,
-            action: "compute-reservation.preempt",
-            object_type: "compute-reservation",
-            object_id: victim_id,
-            reason: None,
-            details: Some(json!({
-                "reason": PREEMPTED,
-                "preemptedFor": r.id,
-                "decidedBy": decided_by,
-                "tenantId": victim.tenant_id,
-                "unitIds": victim.unit_ids,
-            })),
-        };
-        audit::record(conn, &Principal::system(), entry, now).await?;
-        terminated = true;
-    }
-    Ok(terminated)
+    Ok(Some(Victims {
+        ids: (victims.iter())
+            .map(|id| offer.spot_reservations[*id as usize].clone())
+            .collect(),
+        decided_by,
+    }))
 }
 
 /// Checks a preemptor's answer: each id names one of the offered spot bookings, once.
