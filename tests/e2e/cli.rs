@@ -285,6 +285,12 @@ async fn the_cli_pools_offers_and_books_compute_through_its_lifecycle(db: Db) {
         "compute reservations create --tenant tenant-a --pool {pool} --gpus 4 \
          --model H100-SXM5-80GB --nvlink-all --duration 2h --idempotency-key cli-k1"
     );
+    let plan = orl(&server, tenant, &words(&format!("{create} --plan"))).await;
+    assert!(
+        plan.contains("outcome") && plan.contains("placed") && plan.contains("n1-gpu"),
+        "{plan}"
+    );
+    assert!(plan.contains("4 gpu (used 0 of 8)"), "{plan}");
     let created = orl_json(&server, tenant, &words(&create)).await;
     assert_eq!(created["state"], "placed", "{created}");
     assert_eq!(created["start"], T0);

@@ -17,9 +17,9 @@
 //! request that fits nowhere costs two reads per node, not one per booking.
 //!
 //! A gang needs its members on distinct nodes at one start, so each start tried reads the
-//! whole pool; it tries at most [`GANG_STARTS`] of them. Either way the search stops after
-//! [`MAX_TRIES`] node reads, and says how far it got (`searchedUntil`): no slot it did not
-//! return starts before that.
+//! whole pool. Either way a search stops after a budget of node reads ([`MAX_TRIES`] for
+//! the API, [`PENDING_TRIES`] for the note on a pending reservation), and says how far it
+//! got (`searchedUntil`): no slot it did not return starts before that.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -35,8 +35,9 @@ use crate::{Error, Result};
 
 /// How many node reads one search may make.
 pub const MAX_TRIES: usize = 200_000;
-/// How many starts a gang search tries (each reads the whole pool).
-pub const GANG_STARTS: usize = 64;
+/// How many node reads the search for a pending reservation's earliest start may make, on
+/// each attempt to place it.
+pub const PENDING_TRIES: usize = 2_000;
 /// A start after every booking, host booking and node-reservation term that has an end.
 const ONCE_FREE: i64 = 2 * super::MAX_INSTANT_MS;
 /// The longest window a search covers: 366 days.
@@ -128,6 +129,8 @@ pub struct Search<'a> {
     pub last_start: i64,
     pub now: i64,
     pub limit: usize,
+    /// How many node reads it may make (a gang's start reads the whole pool).
+    pub tries: usize,
 }
 
 /// Where and when a request fits: on `members` from `start`, and at any start up to
@@ -164,7 +167,7 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
     let mut slots = Vec::new();
     let mut tries = 0;
     while let Some(Reverse((start, n))) = queue.pop() {
-        if slots.len() == search.limit || tries == MAX_TRIES {
+        if slots.len() == search.limit || tries == search.tries {
             return Found {
                 slots,
                 searched_until: start,
@@ -282,7 +285,7 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
     let mut slots: Vec<Slot> = Vec::new();
     let mut tries = 0;
     for start in starts {
-        if slots.len() == search.limit || tries == GANG_STARTS {
+        if slots.len() == search.limit || (tries > 0 && tries + nodes.nodes.len() > search.tries) {
             return Found {
                 slots,
                 searched_until: start,
@@ -291,7 +294,7 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
         if slots.last().is_some_and(|s| start <= s.latest_start) {
             continue;
         }
-        tries += 1;
+        tries += nodes.nodes.len();
         let Some(chosen) = gang_at(nodes, search, start) else {
             continue;
         };
@@ -322,6 +325,40 @@ fn gang_at(nodes: &PoolList, search: &Search<'_>, start: i64) -> Option<super::p
     super::gang::decide(&NativeDefault, search.r, &snapshot)
         .ok()?
         .ok()
+}
+
+/// Why `r` waits and until when, for its `Unschedulable` condition: the placer's `reason`,
+/// the pool's nodes counted by the constraint each fails ([`Snapshot::census`]), and the
+/// earliest start at which it would fit, searched for at most [`PENDING_TRIES`] node reads.
+pub fn explain_pending(reason: &str, r: &Reservation, snapshot: &Snapshot, now: i64) -> String {
+    let what: Vec<String> = (r.request.devices.iter())
+        .map(|d| format!("{} {}", d.count, d.class.as_str()))
+        .collect();
+    let census = snapshot
+        .census(r)
+        .describe(&format!("{} units", what.join(" + ")));
+    let from = r.start_ms.max(now);
+    let search_for = Search {
+        r,
+        duration_ms: r.end_ms - r.start_ms,
+        from,
+        last_start: from + MAX_WINDOW_MS,
+        now,
+        limit: 1,
+        tries: PENDING_TRIES,
+    };
+    let found = search(&snapshot.pool_list(), &search_for);
+    let earliest = match found.slots.first() {
+        Some(slot) => format!("earliest fit {}", crate::clock::format_ms(slot.start)),
+        None if found.searched_until >= search_for.last_start => {
+            "no fit within 366 days".to_string()
+        }
+        None => format!(
+            "no fit found before {}",
+            crate::clock::format_ms(found.searched_until)
+        ),
+    };
+    format!("{reason}; {census}; {earliest}")
 }
 
 /// What a search answers.
@@ -461,6 +498,7 @@ pub async fn availability(
         last_start: input.window.to - duration_ms,
         now,
         limit: input.limit.unwrap_or(10) as usize,
+        tries: MAX_TRIES,
     };
     let found = if search_for.last_start < from {
         Found {
@@ -614,6 +652,7 @@ mod tests {
                 last_start,
                 now: 0,
                 limit: 50,
+                tries: MAX_TRIES,
             };
             let found = search(&pool(nodes.clone()), &search_for);
             assert_eq!(found.searched_until, last_start, "case {case}: complete");
@@ -692,6 +731,7 @@ mod tests {
             last_start: 100 * HOUR,
             now: 0,
             limit: 3,
+            tries: MAX_TRIES,
         };
         let found = search(&pool(nodes), &search_for);
         let starts: Vec<i64> = found.slots.iter().map(|s| s.start / HOUR).collect();
@@ -719,6 +759,7 @@ mod tests {
             last_start: 20 * HOUR,
             now: 0,
             limit: 2,
+            tries: MAX_TRIES,
         };
         let found = search(&pool(nodes), &search_for);
         let slots: Vec<(i64, i64, Vec<&str>)> = (found.slots.iter())
@@ -733,5 +774,61 @@ mod tests {
         assert_eq!(slots[0], (2, 2, vec!["a", "c"]));
         assert_eq!(slots[1].0, 5);
         assert_eq!(slots.len(), 2);
+    }
+
+    #[test]
+    fn a_pending_request_counts_every_node_under_the_constraint_it_fails_and_says_when_it_fits() {
+        let nodes = vec![
+            node("busy", (0..8).map(|u| booking("busy", u, 0, 5)).collect()),
+            // Three free in each domain: six free, but not four in one domain.
+            node(
+                "split",
+                vec![booking("split", 0, 0, 3), booking("split", 4, 0, 3)],
+            ),
+            node("free", Vec::new()),
+        ];
+        let r = reservation(4, true);
+        let snapshot = Snapshot::of(pool(nodes), "", 0, HOUR, 0);
+        let census = snapshot.census(&r);
+        assert_eq!(
+            (
+                census.nodes,
+                census.busy,
+                census.split,
+                census.fit,
+                census.lost
+            ),
+            (3, 1, 1, 1, 0)
+        );
+        assert_eq!(
+            census.describe("4 gpu units"),
+            "of 3 nodes, 1 lack 4 gpu units free over the window, \
+             1 lack 4 gpu units free in one NVLink domain, 1 could take it on their own"
+        );
+        let mut later = reservation(8, false);
+        later.start_ms = 0;
+        later.end_ms = HOUR;
+        let busy_only = Snapshot::of(
+            pool(vec![node(
+                "busy",
+                (0..8).map(|u| booking("busy", u, 0, 5)).collect(),
+            )]),
+            "",
+            0,
+            HOUR,
+            0,
+        );
+        let note = explain_pending("no room", &later, &busy_only, 0);
+        assert!(
+            note.starts_with("no room; of 1 nodes, 1 lack 8 gpu units free"),
+            "{note}"
+        );
+        assert!(
+            note.ends_with(&format!(
+                "earliest fit {}",
+                crate::clock::format_ms(5 * HOUR)
+            )),
+            "{note}"
+        );
     }
 }

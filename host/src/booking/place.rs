@@ -158,7 +158,7 @@ pub(super) async fn decide_on(
         Ok(chosen) => Decided::Chosen(chosen),
         // Spot work gives way only to work that is not spot.
         Err(reason) => Decided::NoFit {
-            reason,
+            reason: super::availability::explain_pending(&reason, r, snapshot, app.now_ms()),
             spot_nodes: match r.spot {
                 true => Vec::new(),
                 false => snapshot.nodes_holding_spot(),

@@ -643,6 +643,139 @@ impl Snapshot {
     }
 }
 
+/// Why the nodes of a snapshot do not take a request, one count per constraint: each node
+/// counted once, under the first constraint it fails, so the counts add up to the pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    pub nodes: usize,
+    pub lost: usize,
+    /// Too little host CPU, memory or hugepages left over the window.
+    pub host: usize,
+    /// A node binding takes a whole node, and something holds part of it.
+    pub not_whole: usize,
+    /// Too few units of the class, model, memory and labels asked for.
+    pub unmatched: usize,
+    /// Enough such units, but node reservations keep too many for other orgs.
+    pub reserved: usize,
+    /// Enough such units open to the tenant, but too few free over the window.
+    pub busy: usize,
+    /// Enough free, but not in one NVLink domain.
+    pub split: usize,
+    /// Would take the request (a member of it, for a gang) on its own.
+    pub fit: usize,
+}
+
+impl Census {
+    /// The counts in words, for `what` (e.g. "8 gpu units"): "of 5,000 nodes, 4,211 lack …".
+    pub fn describe(&self, what: &str) -> String {
+        let parts: Vec<String> = [
+            (self.busy, format!("lack {what} free over the window")),
+            (self.split, format!("lack {what} free in one NVLink domain")),
+            (self.reserved, "are reserved to other orgs".to_string()),
+            (
+                self.unmatched,
+                format!("have fewer than {what} matching the request"),
+            ),
+            (self.host, "lack host CPU, memory or hugepages".to_string()),
+            (
+                self.not_whole,
+                "are not wholly free for a node binding".to_string(),
+            ),
+            (self.lost, "are lost".to_string()),
+            (self.fit, "could take it on their own".to_string()),
+        ]
+        .into_iter()
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, words)| format!("{count} {words}"))
+        .collect();
+        format!("of {} nodes, {}", self.nodes, parts.join(", "))
+    }
+}
+
+impl Snapshot {
+    /// Why each node does or does not take `r` (one member of it, for a gang) over the
+    /// window: the first constraint it fails, counted.
+    pub fn census(&self, r: &Reservation) -> Census {
+        let mut census = Census {
+            nodes: self.nodes.len(),
+            ..Census::default()
+        };
+        let mut window = NodeWindow::default();
+        for n in 0..self.nodes.len() {
+            let capacity = &self.nodes[n];
+            let node = capacity.node.as_ref();
+            if capacity.is_lost() {
+                census.lost += 1;
+                continue;
+            }
+            self.read_window(n, r, &mut window);
+            if !has_room(&node.host, window.host_used, r.resources) {
+                census.host += 1;
+                continue;
+            }
+            if r.binding == super::Binding::Node && !window.wholly_free(capacity) {
+                census.not_whole += 1;
+                continue;
+            }
+            // Per device entry: matching units, those the tenant may use, those free, and
+            // the most free in one NVLink domain.
+            let mut worst = 4;
+            for d in &r.request.devices {
+                let want = d.count.max(0) as usize;
+                let (mut matching, mut allowed, mut free) = (0, 0, 0);
+                let mut by_domain: BTreeMap<u32, usize> = BTreeMap::new();
+                for (u, slot) in capacity.slots().iter().enumerate() {
+                    if !(slot.sellable && matches(d, &node.units[u], node)) {
+                        continue;
+                    }
+                    matching += 1;
+                    if !window.allowed[u] {
+                        continue;
+                    }
+                    allowed += 1;
+                    if window.held[u].count > 0 {
+                        continue;
+                    }
+                    free += 1;
+                    if let Some(domain) = slot.domain {
+                        *by_domain.entry(domain).or_default() += 1;
+                    }
+                }
+                let in_domain = by_domain.values().copied().max().unwrap_or(0);
+                let failed = if matching < want {
+                    0
+                } else if allowed < want {
+                    1
+                } else if free < want {
+                    2
+                } else if r.request.nvlink_all(d) && in_domain < want {
+                    3
+                } else {
+                    4
+                };
+                worst = worst.min(failed);
+            }
+            match worst {
+                0 => census.unmatched += 1,
+                1 => census.reserved += 1,
+                2 => census.busy += 1,
+                3 => census.split += 1,
+                _ => census.fit += 1,
+            }
+        }
+        census
+    }
+
+    /// The nodes as a pool list, for a search over them.
+    pub fn pool_list(&self) -> PoolList {
+        PoolList {
+            nodes: self.nodes.clone(),
+            scan: self.scan.clone(),
+            smallest_share: self.smallest_share,
+        }
+    }
+}
+
 /// Whether `unit` of `node` satisfies a device entry: its class, and the selector's model,
 /// memory and labels (each pair the unit's label, or the node's when the unit lacks the key).
 fn matches(device: &DeviceRequest, unit: &Unit, node: &Node) -> bool {

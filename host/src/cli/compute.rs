@@ -83,6 +83,10 @@ pub struct CreateArgs {
     /// Hold the answer while the reservation is queued, at most 30000 ms.
     #[arg(long)]
     wait_ms: Option<i64>,
+    /// Show what the create would do now (IAM, quota, budget, placement, preemption)
+    /// without booking anything.
+    #[arg(long)]
+    plan: bool,
     /// Send this CreateRequest (JSON, `-` for stdin) instead of one built from the flags;
     /// --idempotency-key and --wait-ms still apply.
     #[arg(long, conflicts_with_all = ["tenant", "pool", "gpus", "model", "nvlink_all", "duration", "start", "lease_seconds", "spot"])]
@@ -266,6 +270,13 @@ pub(super) async fn run(
     let call = |method: &str| format!("/api/compute/reservations/{method}");
     let reference = |t: &Target| json!({ "tenantId": t.tenant, "reservationId": t.id });
     Ok(match command {
+        ComputeReservationsCommand::Create(args) if args.plan => {
+            let mut body = create_request(args)?;
+            if let Some(fields) = body.as_object_mut() {
+                fields.remove("wait");
+            }
+            (client.post(&call("plan"), &body).await?, render::plan)
+        }
         ComputeReservationsCommand::Create(args) => {
             let body = create_request(args)?;
             (

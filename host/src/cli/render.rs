@@ -466,6 +466,60 @@ pub fn availability(value: &Value) -> String {
     out
 }
 
+/// The answer of `plan`: what create would answer, then each step.
+pub fn plan(value: &Value) -> String {
+    let mut rows = vec![
+        vec!["reservation".to_string(), cell(&value["reservationId"])],
+        vec!["outcome".to_string(), cell(&value["outcome"])],
+    ];
+    let mut step = |name: &str, text: String| {
+        if !text.is_empty() {
+            rows.push(vec![name.to_string(), text]);
+        }
+    };
+    step("replayed", cell(&value["replayed"]));
+    step("iam", cell(&value["iam"]));
+    let charges: Vec<String> = (value["quota"]["resources"].as_array().into_iter().flatten())
+        .map(|l| {
+            format!(
+                "{} {} (used {} of {})",
+                cell(&l["requested"]),
+                cell(&l["resource"]),
+                cell(&l["used"]),
+                cell(&l["limit"])
+            )
+        })
+        .collect();
+    step("quota", charges.join(", "));
+    if let Some(budget) = value.get("budget") {
+        step(
+            "budget",
+            format!(
+                "charge {}, limit {}, spent {}, committed {}{}",
+                cell(&budget["chargeMinor"]),
+                cell(&budget["limitMinor"]),
+                cell(&budget["spentMinor"]),
+                cell(&budget["committedMinor"]),
+                budget["reason"]
+                    .as_str()
+                    .map_or_else(String::new, |r| format!(" ({r})"))
+            ),
+        );
+    }
+    let placement = &value["placement"];
+    step("placement", cell(&placement["state"]));
+    for member in placement["members"].as_array().into_iter().flatten() {
+        step(
+            "units",
+            format!("{}: {}", cell(&member["nodeId"]), cell(&member["unitIds"])),
+        );
+    }
+    step("placed by", cell(&placement["placedBy"]));
+    step("preempts", cell(&placement["preempts"]));
+    step("waits because", cell(&placement["reason"]));
+    table(&["step", "answer"], rows)
+}
+
 /// An org's policy as Cedar text, so the output can be edited and set again.
 pub fn policy(value: &Value) -> String {
     let text = value["policy"].as_str().unwrap_or_default();
