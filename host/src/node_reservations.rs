@@ -4,6 +4,7 @@
 //! on a unit given the reservations that claim it (the catalog and placement both ask here).
 
 pub mod actions;
+pub mod free;
 pub mod queries;
 
 use std::collections::BTreeSet;

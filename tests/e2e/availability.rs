@@ -102,6 +102,7 @@ on_both_databases!(
     graphql_availability_answers_what_the_rpc_answers,
     a_plan_answers_what_the_create_after_it_does_and_writes_nothing,
     a_plan_reports_the_iam_decision_and_the_quota_that_refuse_a_create,
+    operators_find_nodes_with_units_free_of_bookings_and_claims_over_a_term,
 );
 
 async fn a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_is_placed_there(
@@ -479,4 +480,75 @@ async fn a_plan_reports_the_iam_decision_and_the_quota_that_refuse_a_create(db: 
         .post("/api/compute/reservations/create", pair)
         .await;
     assert_error(status, &err, StatusCode::CONFLICT, "QUOTA_EXCEEDED");
+}
+
+async fn operators_find_nodes_with_units_free_of_bookings_and_claims_over_a_term(db: Db) {
+    let w = world(db, 3).await;
+    w.server.org_with_key("anchor", "member").await;
+    w.book_node("n1", T0, 2).await;
+    let claimed: Vec<String> = (0..6).map(|g| format!("n2-gpu{g}")).collect();
+    let (status, nr) = w
+        .server
+        .admin()
+        .post(
+            "/v1/nodes/n2/reservations",
+            json!({ "unitIds": claimed, "allowedOrgIds": ["anchor"], "endsAt": rfc3339(T0 + 10 * HOUR) }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{nr}");
+    let admin = w.server.admin();
+    let free = |query: String| {
+        let admin = admin.clone();
+        async move {
+            let (status, page) = admin.get(&format!("/v1/nodes/availability?{query}")).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            let nodes: Vec<(String, usize)> = page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| {
+                    let units = n["freeUnitIds"].as_array().unwrap().len();
+                    (n["nodeId"].as_str().unwrap().to_string(), units)
+                })
+                .collect();
+            (nodes, page["cursor"].clone())
+        }
+    };
+    let hour = |h: i64| rfc3339(T0 + h * HOUR).replace('+', "%2B");
+    let owned = |pairs: &[(&str, usize)]| -> Vec<(String, usize)> {
+        pairs.iter().map(|(n, u)| (n.to_string(), *u)).collect()
+    };
+    let (now, _) = free(format!("unitCount=8&from={}&to={}", hour(0), hour(1))).await;
+    assert_eq!(now, owned(&[("n3", 8)]));
+    let (two, _) = free(format!("unitCount=2&from={}&to={}", hour(0), hour(1))).await;
+    assert_eq!(two, owned(&[("n2", 2), ("n3", 8)]));
+    let (later, _) = free(format!("unitCount=8&from={}&to={}", hour(3), hour(4))).await;
+    assert_eq!(later, owned(&[("n1", 8), ("n3", 8)]));
+    let (open_ended, _) = free(format!("unitCount=8&from={}", hour(3))).await;
+    assert_eq!(
+        open_ended,
+        owned(&[("n1", 8), ("n3", 8)]),
+        "the claim ends at 10 h"
+    );
+    let (none, _) = free("unitCount=1&model=L4".to_string()).await;
+    assert!(none.is_empty());
+    let (first, cursor) = free("unitCount=8&limit=1".to_string()).await;
+    assert_eq!((first, cursor.clone()), (owned(&[("n3", 8)]), json!("n3")));
+    let (rest, cursor) = free("unitCount=8&limit=1&cursor=n3".to_string()).await;
+    assert_eq!((rest, cursor), (Vec::new(), Value::Null));
+    for (query, field) in [
+        ("unitCount=0", "unitCount"),
+        ("unitCount=1&limit=201", "limit"),
+        ("unitCount=1&from=yesterday", "from"),
+        (
+            &format!("unitCount=1&from={}&to={}", hour(2), hour(1)) as &str,
+            "to",
+        ),
+    ] {
+        let (status, err) = admin.get(&format!("/v1/nodes/availability?{query}")).await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+        assert_eq!(err["error"]["details"]["field"], field, "{query}: {err}");
+    }
+    let (status, err) = w.tenant.get("/v1/nodes/availability?unitCount=1").await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
 }

@@ -129,7 +129,7 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
         booked as f64 * 100.0 / capacity as f64,
         server.resident_mib()?
     );
-    reads(&tenant, &api, &ids).await?;
+    reads(&tenant, &api, &pool, &ids).await?;
     if args.availability_bookings > 0 {
         spread(&tenant, &pool, args.availability_bookings, args.clients).await?;
         println!("  server resident memory {:.0} MiB", server.resident_mib()?);
@@ -375,11 +375,14 @@ impl Client {
     }
 }
 
-/// Latency of the reads a dashboard or a tenant makes, 50 of each, one at a time.
-async fn reads(tenant: &Api, admin: &Api, ids: &[String]) -> anyhow::Result<()> {
+/// Latency of the reads a dashboard or a tenant makes, and of a create's plan, 50 of each,
+/// one at a time.
+async fn reads(tenant: &Api, admin: &Api, pool: &str, ids: &[String]) -> anyhow::Result<()> {
     let graphql = json!({ "query": "{ nodes(orgId: \"acme\", first: 100) { edges { node { id units { id } } } } }" });
     let id = ids.first().cloned().unwrap_or_default();
-    let reads: [(&str, &Api, &str, &str, Value); 4] = [
+    let plan = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [{ "class": "gpu", "count": 4, "topology": "nvlink-all" }],
+                       "duration": "2h", "idempotencyKey": "bench-plan" });
+    let reads: [(&str, &Api, &str, &str, Value); 5] = [
         (
             "get",
             tenant,
@@ -402,6 +405,13 @@ async fn reads(tenant: &Api, admin: &Api, ids: &[String]) -> anyhow::Result<()> 
             Value::Null,
         ),
         ("GraphQL nodes (100)", admin, "POST", "/graphql", graphql),
+        (
+            "plan (4 GPUs)",
+            tenant,
+            "POST",
+            "/api/compute/reservations/plan",
+            plan,
+        ),
     ];
     for (name, api, method, path, body) in reads {
         let mut latencies = Vec::new();

@@ -300,6 +300,11 @@ impl Snapshot {
         self.nodes.len()
     }
 
+    /// Whether the snapshot holds no node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
     /// The node at position `n`.
     pub fn node(&self, n: usize) -> &Node {
         &self.nodes[n].node

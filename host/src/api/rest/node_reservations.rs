@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::PageQuery;
+use super::{Page, PageQuery};
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::{Json, JsonOrEmpty, Path, Query};
 use crate::catalog::{self, Catalog};
@@ -15,6 +15,7 @@ use crate::iam::Principal;
 use crate::node_reservations::actions::{
     self, Because, NewNodeReservation, ReclaimUnits, ReleaseUnits,
 };
+use crate::node_reservations::free::{self, FreeNode, FreeQuery};
 use crate::node_reservations::queries::{self, NodeReservation, parse_status};
 use crate::{App, Result};
 
@@ -28,6 +29,22 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(reaffirm))
         .routes(routes!(list_for_org))
         .routes(routes!(catalog))
+        .routes(routes!(free_nodes))
+}
+
+/// Nodes with at least `unitCount` units that no booking and no node reservation holds at
+/// any time over the term (platform operators): where to reserve. By node id, a page at a
+/// time; a page looks at no more than 5,000 nodes and carries a cursor while more remain.
+#[utoipa::path(get, path = "/v1/nodes/availability", tag = "node-reservations",
+    params(FreeQuery),
+    responses((status = 200, body = Page<FreeNode>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
+async fn free_nodes(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Query(query): Query<FreeQuery>,
+) -> Result<Json<Page<FreeNode>>> {
+    let (items, cursor) = free::free_nodes(&app, &caller, &query).await?;
+    Ok(Json(Page { items, cursor }))
 }
 
 /// Reserve GPU units of a node for orgs (platform admin). Overlap with an existing
