@@ -211,6 +211,28 @@ async fn a_search_passes_over_units_reserved_to_another_org_and_counts_quota(db:
         json!({ "admits": true, "resources": [{ "resource": "gpu", "requested": 8, "limit": 32, "used": 8 }] })
     );
     assert!(found.get("budget").is_none(), "{found}");
+    // Units the reservation released to the spot market are open to spot requests only.
+    let release = format!(
+        "/v1/nodes/n1/reservations/{}/release",
+        nr["id"].as_str().unwrap()
+    );
+    let (status, released) = w
+        .server
+        .admin()
+        .post(
+            &release,
+            json!({ "unitIds": ["n1-gpu0", "n1-gpu1", "n1-gpu2", "n1-gpu3"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    let mut spot = w.ask(4, 1, T0, T0 + 24 * HOUR);
+    spot["spot"] = json!(true);
+    let (_, spot) = w.search(spot).await;
+    assert_eq!(spot["slots"][0]["start"], T0, "{spot}");
+    assert_eq!(spot["slots"][0]["members"][0]["nodeId"], "n1", "{spot}");
+    let (_, steady) = w.search(w.ask(4, 1, T0, T0 + 24 * HOUR)).await;
+    assert_eq!(steady["slots"][0]["start"], T0 + 3 * HOUR, "{steady}");
+    assert_eq!(steady["slots"][0]["members"][0]["nodeId"], "n2", "{steady}");
     let mut gang = w.ask(8, 1, T0, T0 + 24 * HOUR);
     gang["gang"] = json!({ "size": 4 });
     let (status, too_many) = w.search(gang).await;

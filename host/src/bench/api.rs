@@ -79,7 +79,7 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
         key: server.admin.clone(),
     };
     let started = Instant::now();
-    let (tenant, pool) = setup(&api, nodes).await?;
+    let (tenant, pool) = setup(&api, nodes, args.availability_bookings).await?;
     println!(
         "\n{nodes} nodes × 8 GPUs: registered in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -165,7 +165,10 @@ async fn spread(tenant: &Api, pool: &str, units: usize, clients: usize) -> anyho
                 let (status, answer) = api
                     .call("POST", "/api/compute/reservations/create", body)
                     .await?;
-                if status.is_success() && answer["state"] == "placed" {
+                if !status.is_success() {
+                    bail!("booking ahead: {status} {answer}");
+                }
+                if answer["state"] == "placed" {
                     booked.fetch_add(gpus, Ordering::Relaxed);
                 }
             }
@@ -223,9 +226,9 @@ async fn searches(tenant: &Api, pool: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Registers `nodes` nodes for provider `acme`, a pool of them offered to `tenant-a`;
-/// answers the tenant's client and the pool id.
-async fn setup(admin: &Api, nodes: usize) -> anyhow::Result<(Api, String)> {
+/// Registers `nodes` nodes for provider `acme`, a pool of them offered to `tenant-a` with
+/// quota for the load and `spread` more units; answers the tenant's client and the pool id.
+async fn setup(admin: &Api, nodes: usize, spread: usize) -> anyhow::Result<(Api, String)> {
     for org in ["acme", "tenant-a"] {
         admin
             .send("POST", "/v1/orgs", json!({ "id": org, "name": org }))
@@ -285,7 +288,7 @@ async fn setup(admin: &Api, nodes: usize) -> anyhow::Result<(Api, String)> {
         .send(
             "POST",
             &format!("/v1/pools/{pool}/offers"),
-            json!({ "tenantId": "tenant-a", "quota": { "gpu": nodes * 8 * 10 } }),
+            json!({ "tenantId": "tenant-a", "quota": { "gpu": nodes * 8 * 10 + spread } }),
         )
         .await?;
     Ok((tenant, pool))

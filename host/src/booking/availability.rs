@@ -11,10 +11,11 @@
 //! node's next start to try in one queue, earliest first: the slots come out in start
 //! order, and it stops at the `limit`-th slot.
 //!
-//! A node that does not fit at the window's first start is read once more at a start after
-//! everything on it has ended ([`ONCE_FREE`]): what holds it then (node reservations without
-//! an end) holds it for good, and a node that does not fit even then is passed over. So a
-//! request that fits nowhere costs two reads per node, not one per booking.
+//! First each node is read at a start after everything on it has ended ([`ONCE_FREE`]):
+//! what holds it then (node reservations without an end) holds it for good, and a node that
+//! does not fit even then is passed over. Nodes without node reservations that offer the same
+//! units, labels and host resources answer alike, so that read is made once per such shape
+//! ([`shape`]). A request that fits nowhere costs a read per shape, not one per booking.
 //!
 //! A gang needs its members on distinct nodes at one start, so each start tried reads the
 //! whole pool. Either way a search stops after a budget of node reads ([`MAX_TRIES`] for
@@ -22,7 +23,7 @@
 //! got (`searchedUntil`): no slot it did not return starts before that.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -37,7 +38,7 @@ use crate::{Error, Result};
 pub const MAX_TRIES: usize = 200_000;
 /// How many node reads the search for a pending reservation's earliest start may make, on
 /// each attempt to place it.
-pub const PENDING_TRIES: usize = 2_000;
+pub const PENDING_TRIES: usize = 1_000;
 /// A start after every booking, host booking and node-reservation term that has an end.
 const ONCE_FREE: i64 = 2 * super::MAX_INSTANT_MS;
 /// The longest window a search covers: 366 days.
@@ -160,8 +161,16 @@ pub fn search(nodes: &PoolList, search: &Search<'_>) -> Found {
 
 /// One node at a time: each node's earliest start, in start order.
 fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
+    let mut shapes: HashMap<u64, bool> = HashMap::new();
+    let mut could_fit = |node: &Arc<NodeCapacity>| {
+        let fits = || fits_alone(node, search, ONCE_FREE).is_some();
+        match shape(node) {
+            Some(key) => *shapes.entry(key).or_insert_with(fits),
+            None => fits(),
+        }
+    };
     let mut queue: BinaryHeap<Reverse<(i64, usize)>> = (nodes.iter().enumerate())
-        .filter(|(_, n)| !n.is_lost())
+        .filter(|(_, n)| !n.is_lost() && could_fit(n))
         .map(|(i, _)| Reverse((search.from, i)))
         .collect();
     let mut slots = Vec::new();
@@ -184,7 +193,6 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
                     unit_ids: units,
                 }],
             }),
-            None if start == search.from && fits_alone(node, search, ONCE_FREE).is_none() => {}
             None => {
                 if let Some(next) = next_end(node, start).filter(|s| *s <= search.last_start) {
                     queue.push(Reverse((next, n)));
@@ -196,6 +204,27 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
         slots,
         searched_until: search.last_start,
     }
+}
+
+/// What decides whether a node without node reservations could take a request once
+/// nothing holds it: its units as a placement reads them (class, model, memory, NVLink
+/// grouping, sellable, labels; not their ids), its labels and its host resources, hashed.
+/// `None` for a node with node reservations, whose rights are its own.
+fn shape(node: &NodeCapacity) -> Option<u64> {
+    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+    if !node.claims.is_empty() {
+        return None;
+    }
+    let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
+    let n = &node.node;
+    (n.host.vcpu, n.host.memory_gib, n.host.hugepages_1gi).hash(&mut hasher);
+    n.labels.hash(&mut hasher);
+    node.models().hash(&mut hasher);
+    for (slot, unit) in node.slots().iter().zip(&n.units) {
+        let place = (slot.sellable, slot.class, slot.model, slot.domain);
+        (place, slot.memory_gib, &unit.labels).hash(&mut hasher);
+    }
+    Some(hasher.finish())
 }
 
 /// The units `node` alone would give the request over `[start, start + duration)`.
@@ -543,6 +572,11 @@ mod tests {
 
     /// A node of 8 GPUs in two NVLink domains of 4 (units `<id>-g0` … `<id>-g7`).
     fn node(id: &str, bookings: Vec<Booked>) -> Arc<NodeCapacity> {
+        node_in_domains(id, 4, bookings)
+    }
+
+    /// A node of 8 GPUs in NVLink domains of `per_domain`.
+    fn node_in_domains(id: &str, per_domain: usize, bookings: Vec<Booked>) -> Arc<NodeCapacity> {
         let units = (0..8)
             .map(|i| Unit {
                 id: format!("{id}-g{i}"),
@@ -550,7 +584,7 @@ mod tests {
                 device_class: DeviceClass::Gpu,
                 model: "H100".into(),
                 memory_gib: 80,
-                nvlink_domain: Some(format!("{id}-d{}", i / 4)),
+                nvlink_domain: Some(format!("{id}-d{}", i / per_domain)),
                 sellable: true,
                 labels: Default::default(),
             })
@@ -830,5 +864,31 @@ mod tests {
             )),
             "{note}"
         );
+    }
+
+    #[test]
+    fn nodes_of_another_shape_are_read_apart_from_those_that_never_fit() {
+        let nodes = vec![
+            node("a", Vec::new()),
+            node_in_domains("b", 8, (0..8).map(|u| booking("b", u, 0, 3)).collect()),
+            node("c", Vec::new()),
+            node_in_domains("d", 8, Vec::new()),
+        ];
+        let r = reservation(8, true);
+        let search_for = Search {
+            r: &r,
+            duration_ms: HOUR,
+            from: 0,
+            last_start: 10 * HOUR,
+            now: 0,
+            limit: 10,
+            tries: MAX_TRIES,
+        };
+        let found = search(&pool(nodes), &search_for);
+        let slots: Vec<(i64, &str)> = (found.slots.iter())
+            .map(|s| (s.start / HOUR, s.members[0].node_id.as_str()))
+            .collect();
+        assert_eq!(slots, [(0, "d"), (3, "b")]);
+        assert_eq!(found.searched_until, 10 * HOUR);
     }
 }

@@ -771,6 +771,43 @@ impl Snapshot {
         census
     }
 
+    /// The same nodes with the bookings of `reservations` taken off: what a placement sees
+    /// once they ended.
+    pub fn without(&self, reservations: &[String]) -> Snapshot {
+        let gone = |id: &String| reservations.contains(id);
+        let nodes = (self.nodes.iter())
+            .map(|held| {
+                let holds = held.bookings.iter().any(|b| gone(&b.reservation_id))
+                    || held.host.iter().any(|h| gone(&h.reservation_id));
+                if !holds {
+                    return held.clone();
+                }
+                Arc::new(NodeCapacity::new(
+                    held.node.clone(),
+                    (held.bookings.iter())
+                        .filter(|b| !gone(&b.reservation_id))
+                        .cloned()
+                        .collect(),
+                    (held.host.iter())
+                        .filter(|h| !gone(&h.reservation_id))
+                        .cloned()
+                        .collect(),
+                    held.claims.clone(),
+                ))
+            })
+            .collect();
+        Snapshot {
+            nodes: Arc::new(nodes),
+            scan: self.scan.clone(),
+            smallest_share: self.smallest_share,
+            own: self.own.clone(),
+            own_hash: self.own_hash,
+            start: self.start,
+            end: self.end,
+            now: self.now,
+        }
+    }
+
     /// The nodes as a pool list, for a search over them.
     pub fn pool_list(&self) -> PoolList {
         PoolList {

@@ -52,11 +52,14 @@ pub struct PlacementPlan {
     pub state: &'static str,
     /// One member per node (a gang has several).
     pub members: Vec<Member>,
-    /// The plugin that chose the units (the preemptor's when spot work gives way).
+    /// The plugin that chose the units.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placed_by: Option<String>,
     /// Spot reservations that would be ended (`preempted`) to make room.
     pub preempts: Vec<String>,
+    /// The plugin that chose them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
     /// Why it would wait.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -148,6 +151,7 @@ pub async fn plan(app: &App, caller: &Principal, request: CreateRequest) -> Resu
             members: Vec::new(),
             placed_by: None,
             preempts: Vec::new(),
+            preempted_by: None,
             reason: Some("waiting behind older reservations in the pool's queue".into()),
         }
     } else {
@@ -169,7 +173,8 @@ pub async fn plan(app: &App, caller: &Principal, request: CreateRequest) -> Resu
 }
 
 /// Where the pool's placer would put `r`, decided as a create decides, on the view; when it
-/// does not fit, the spot work the preemptor would end and the placement after that.
+/// does not fit, the spot work the preemptor would end and the placement on what that
+/// leaves.
 async fn place_plan(
     app: &App,
     (pool, at): (&crate::pools::store::Pool, crate::settings::Version),
@@ -184,6 +189,7 @@ async fn place_plan(
         members: Vec::new(),
         placed_by: None,
         preempts: Vec::new(),
+        preempted_by: None,
         reason: Some(reason),
     };
     let (reason, spot_nodes) =
@@ -194,6 +200,7 @@ async fn place_plan(
                     members: chosen.members,
                     placed_by: Some(chosen.decided_by),
                     preempts: Vec::new(),
+                    preempted_by: None,
                     reason: None,
                 });
             }
@@ -206,11 +213,19 @@ async fn place_plan(
     else {
         return Ok(waiting(reason));
     };
+    // Placed on what the victims leave, as a create places after ending them.
+    let freed = snapshot.without(&victims.ids);
+    let super::place::Decided::Chosen(chosen) =
+        super::place::decide_on(app, &mut conn, (pool, at), r, &freed).await?
+    else {
+        return Ok(waiting(reason));
+    };
     Ok(PlacementPlan {
         state: "placed",
-        members: Vec::new(),
-        placed_by: Some(victims.decided_by),
+        members: chosen.members,
+        placed_by: Some(chosen.decided_by),
         preempts: victims.ids,
+        preempted_by: Some(victims.decided_by),
         reason: None,
     })
 }

@@ -516,6 +516,7 @@ pub fn plan(value: &Value) -> String {
     }
     step("placed by", cell(&placement["placedBy"]));
     step("preempts", cell(&placement["preempts"]));
+    step("preempted by", cell(&placement["preemptedBy"]));
     step("waits because", cell(&placement["reason"]));
     table(&["step", "answer"], rows)
 }
