@@ -17,6 +17,7 @@
 use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
+use super::availability::explain_pending;
 use super::engine::{
     self, Laying, commit_laying, lock_pool, mark_pending, mark_placed, older_pending_exists,
     push_event,
@@ -109,14 +110,20 @@ pub(super) async fn decide(
     (pool, at): (&Pool, Version),
     r: &Reservation,
 ) -> Result<(Decided, Option<Assumed>)> {
-    let _turn = app.capacity.turn(&pool.id).await;
+    let turn = app.capacity.turn(&pool.id).await;
     let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, app.now_ms()).await?;
     let decided = {
         let mut conn = app.store.pool().acquire().await?;
         decide_on(app, &mut conn, (pool, at), r, &snapshot).await?
     };
-    let Decided::Chosen(chosen) = &decided else {
-        return Ok((decided, None));
+    let chosen = match decided {
+        Decided::Chosen(chosen) => chosen,
+        // Why it waits and until when, worked out after the pool's turn.
+        Decided::NoFit { reason, spot_nodes } => {
+            drop(turn);
+            let reason = explain_pending(&reason, r, &snapshot, app.now_ms());
+            return Ok((Decided::NoFit { reason, spot_nodes }, None));
+        }
     };
     let members: Vec<(&str, &[String])> = chosen
         .members
@@ -136,7 +143,8 @@ pub(super) async fn decide(
         ),
     };
     let assumed = app.capacity.assume(assumption).await;
-    Ok((decided, assumed))
+    drop(turn);
+    Ok((Decided::Chosen(chosen), assumed))
 }
 
 /// Asks the pool's placer (its assignment read on `conn`) for units on `snapshot`. A gang
@@ -158,7 +166,7 @@ pub(super) async fn decide_on(
         Ok(chosen) => Decided::Chosen(chosen),
         // Spot work gives way only to work that is not spot.
         Err(reason) => Decided::NoFit {
-            reason: super::availability::explain_pending(&reason, r, snapshot, app.now_ms()),
+            reason,
             spot_nodes: match r.spot {
                 true => Vec::new(),
                 false => snapshot.nodes_holding_spot(),

@@ -206,6 +206,7 @@ async fn place_plan(
             }
             super::place::Decided::NoFit { reason, spot_nodes } => (reason, spot_nodes),
         };
+    let reason = super::availability::explain_pending(&reason, r, &snapshot, now);
     if spot_nodes.is_empty() {
         return Ok(waiting(reason));
     }
