@@ -311,6 +311,9 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
     starts.push(search.from);
     starts.sort_unstable();
     starts.dedup();
+    let by_id: BTreeMap<&str, &Arc<NodeCapacity>> = (nodes.nodes.iter())
+        .map(|n| (n.node.id.as_str(), n))
+        .collect();
     let mut slots: Vec<Slot> = Vec::new();
     let mut tries = 0;
     for start in starts {
@@ -327,9 +330,6 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
         let Some(chosen) = gang_at(nodes, search, start) else {
             continue;
         };
-        let by_id: BTreeMap<&str, &Arc<NodeCapacity>> = (nodes.nodes.iter())
-            .map(|n| (n.node.id.as_str(), n))
-            .collect();
         let latest = (chosen.members.iter())
             .map(|m| latest_start(by_id[m.node_id.as_str()], search, start, &m.unit_ids))
             .min()
