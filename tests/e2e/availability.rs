@@ -22,6 +22,10 @@ struct World {
 }
 
 async fn world(db: Db, nodes: usize) -> World {
+    world_with(db, nodes, json!({})).await
+}
+
+async fn world_with(db: Db, nodes: usize, policy: Value) -> World {
     let server = Server::start(db).await;
     let provider = server.org_with_key("acme", "provider").await;
     let node_ids: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
@@ -38,7 +42,7 @@ async fn world(db: Db, nodes: usize) -> World {
         .admin()
         .post(
             "/v1/pools",
-            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": node_ids }),
+            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": node_ids, "policy": policy }),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{pool}");
@@ -103,6 +107,7 @@ on_both_databases!(
     a_plan_answers_what_the_create_after_it_does_and_writes_nothing,
     a_plan_reports_the_iam_decision_and_the_quota_that_refuse_a_create,
     operators_find_nodes_with_units_free_of_bookings_and_claims_over_a_term,
+    a_plan_in_a_pool_lease_pool_waits_behind_the_queue_as_the_create_does,
 );
 
 async fn a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_is_placed_there(
@@ -573,4 +578,27 @@ async fn operators_find_nodes_with_units_free_of_bookings_and_claims_over_a_term
     }
     let (status, err) = w.tenant.get("/v1/nodes/availability?unitCount=1").await;
     assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+}
+
+async fn a_plan_in_a_pool_lease_pool_waits_behind_the_queue_as_the_create_does(db: Db) {
+    let w = world_with(db, 1, json!({ "placer": "pool-lease" })).await;
+    let (_, half) = w
+        .tenant
+        .post("/api/compute/reservations/create", w.request("k-half", 4))
+        .await;
+    assert_eq!(half["state"], "placed", "{half}");
+    // Eight do not fit and queue; one would fit, but nothing jumps the queue.
+    let (_, first) = w
+        .tenant
+        .post("/api/compute/reservations/create", w.request("k-first", 8))
+        .await;
+    assert_eq!(first["state"], "pending", "{first}");
+    let plan = w.plan(w.request("k-small", 1)).await;
+    assert_eq!(plan["outcome"], "queued", "{plan}");
+    let (_, small) = w
+        .tenant
+        .post("/api/compute/reservations/create", w.request("k-small", 1))
+        .await;
+    assert_eq!(small["state"], "pending", "{small}");
+    assert_eq!(small["conditions"][0]["type"], "Queued", "{small}");
 }

@@ -166,6 +166,8 @@ pub(super) fn mark_pending(r: &mut Reservation, queued: bool, message: String, n
     }
 }
 
+/// Whether a pending reservation of `r`'s pool queued before it; for a request not stored
+/// yet (a plan), whether any is pending.
 pub(super) async fn older_pending_exists(
     conn: &mut AnyConnection,
     r: &Reservation,
@@ -173,7 +175,8 @@ pub(super) async fn older_pending_exists(
     let count: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM compute_reservations
          WHERE pool_id = $1 AND state = 'pending'
-           AND position < (SELECT position FROM compute_reservations WHERE id = $2)",
+           AND position < COALESCE((SELECT position FROM compute_reservations WHERE id = $2),
+                                   9223372036854775807)",
     )
     .bind(&r.pool_id)
     .bind(&r.id)
