@@ -193,18 +193,24 @@ fn fresh_key() -> String {
     format!("cli-{}", ulid::Ulid::new().to_string().to_lowercase())
 }
 
+/// A device entry of whole GPUs, of one model and in one NVLink domain when asked.
+fn gpus(count: Option<i64>, model: Option<String>, nvlink_all: bool) -> Value {
+    let mut device = json!({ "class": "gpu", "count": count });
+    if let Some(model) = model {
+        device["selector"] = json!({ "model": model });
+    }
+    if nvlink_all {
+        device["topology"] = json!("nvlink-all");
+    }
+    device
+}
+
 /// The availability request: from the file, or built from the flags.
 fn availability_request(args: AvailabilityArgs) -> anyhow::Result<Value> {
     if let Some(file) = &args.request_file {
         return read_json(file, "the request file");
     }
-    let mut device = json!({ "class": "gpu", "count": args.gpus });
-    if let Some(model) = args.model {
-        device["selector"] = json!({ "model": model });
-    }
-    if args.nvlink_all {
-        device["topology"] = json!("nvlink-all");
-    }
+    let device = gpus(args.gpus, args.model, args.nvlink_all);
     const WEEK_MS: i64 = 7 * 24 * 3_600_000;
     let from = args
         .from
@@ -226,13 +232,7 @@ fn create_request(args: CreateArgs) -> anyhow::Result<Value> {
     let mut request = match &args.request_file {
         Some(file) => read_json(file, "the request file")?,
         None => {
-            let mut device = json!({ "class": "gpu", "count": args.gpus });
-            if let Some(model) = args.model {
-                device["selector"] = json!({ "model": model });
-            }
-            if args.nvlink_all {
-                device["topology"] = json!("nvlink-all");
-            }
+            let device = gpus(args.gpus, args.model, args.nvlink_all);
             render::without_nulls(json!({
                 "tenantId": args.tenant,
                 "poolId": args.pool,

@@ -404,6 +404,36 @@ pub fn extended(value: &Value) -> String {
     out
 }
 
+/// A quota check's charges: "8 gpu (used 5 of 8), …".
+fn quota_charges(quota: &Value) -> String {
+    let charges: Vec<String> = (quota["resources"].as_array().into_iter().flatten())
+        .map(|l| {
+            format!(
+                "{} {} (used {} of {})",
+                cell(&l["requested"]),
+                cell(&l["resource"]),
+                cell(&l["used"]),
+                cell(&l["limit"])
+            )
+        })
+        .collect();
+    charges.join(", ")
+}
+
+/// A budget check's figures, and why it refuses.
+fn budget_figures(budget: &Value) -> String {
+    let why = budget["reason"]
+        .as_str()
+        .map_or_else(String::new, |r| format!(" ({r})"));
+    format!(
+        "charge {}, limit {}, spent {}, committed {}{why}",
+        cell(&budget["chargeMinor"]),
+        cell(&budget["limitMinor"]),
+        cell(&budget["spentMinor"]),
+        cell(&budget["committedMinor"]),
+    )
+}
+
 /// The answer of `availability`: one row per slot and member, then quota and budget.
 pub fn availability(value: &Value) -> String {
     let rows = value["slots"]
@@ -430,38 +460,22 @@ pub fn availability(value: &Value) -> String {
         "\nsearched until {}",
         instant(&value["searchedUntil"])
     ));
-    let quota = &value["quota"];
-    let lines: Vec<String> = quota["resources"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|l| {
-            format!(
-                "{} {} (used {} of {})",
-                cell(&l["requested"]),
-                cell(&l["resource"]),
-                cell(&l["used"]),
-                cell(&l["limit"])
-            )
-        })
-        .collect();
     let admits = |check: &Value| match check["admits"].as_bool() {
         Some(true) => "admits",
         _ => "refuses",
     };
-    out.push_str(&format!("\nquota {}: {}", admits(quota), lines.join(", ")));
+    let quota = &value["quota"];
+    out.push_str(&format!(
+        "\nquota {}: {}",
+        admits(quota),
+        quota_charges(quota)
+    ));
     if let Some(budget) = value.get("budget") {
         out.push_str(&format!(
-            "\nbudget {}: charge {}, limit {}, spent {}, committed {}",
+            "\nbudget {}: {}",
             admits(budget),
-            cell(&budget["chargeMinor"]),
-            cell(&budget["limitMinor"]),
-            cell(&budget["spentMinor"]),
-            cell(&budget["committedMinor"])
+            budget_figures(budget)
         ));
-        if let Some(reason) = budget["reason"].as_str() {
-            out.push_str(&format!(" ({reason})"));
-        }
     }
     out
 }
@@ -479,32 +493,9 @@ pub fn plan(value: &Value) -> String {
     };
     step("replayed", cell(&value["replayed"]));
     step("iam", cell(&value["iam"]));
-    let charges: Vec<String> = (value["quota"]["resources"].as_array().into_iter().flatten())
-        .map(|l| {
-            format!(
-                "{} {} (used {} of {})",
-                cell(&l["requested"]),
-                cell(&l["resource"]),
-                cell(&l["used"]),
-                cell(&l["limit"])
-            )
-        })
-        .collect();
-    step("quota", charges.join(", "));
+    step("quota", quota_charges(&value["quota"]));
     if let Some(budget) = value.get("budget") {
-        step(
-            "budget",
-            format!(
-                "charge {}, limit {}, spent {}, committed {}{}",
-                cell(&budget["chargeMinor"]),
-                cell(&budget["limitMinor"]),
-                cell(&budget["spentMinor"]),
-                cell(&budget["committedMinor"]),
-                budget["reason"]
-                    .as_str()
-                    .map_or_else(String::new, |r| format!(" ({r})"))
-            ),
-        );
+        step("budget", budget_figures(budget));
     }
     let placement = &value["placement"];
     step("placement", cell(&placement["state"]));
