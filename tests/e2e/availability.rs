@@ -13,7 +13,8 @@ use crate::support::{
 const HOUR: i64 = 3_600_000;
 
 /// Provider `acme` with `nodes` nodes of 8 H100s (`n1`…, each labelled `node: <id>` so a
-/// booking can name its node) in one pool offered to `tenant-a` with a quota of 32 GPUs;
+/// booking can name its node) in one pool offered to `tenant-a` with a quota of 32 GPUs
+/// (`gpu_quota` for [`world_with`]);
 /// `tenant` is a member key of tenant-a.
 struct World {
     server: Server,
@@ -22,10 +23,10 @@ struct World {
 }
 
 async fn world(db: Db, nodes: usize) -> World {
-    world_with(db, nodes, json!({})).await
+    world_with(db, nodes, json!({}), 32).await
 }
 
-async fn world_with(db: Db, nodes: usize, policy: Value) -> World {
+async fn world_with(db: Db, nodes: usize, policy: Value, gpu_quota: i64) -> World {
     let server = Server::start(db).await;
     let provider = server.org_with_key("acme", "provider").await;
     let node_ids: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
@@ -51,7 +52,7 @@ async fn world_with(db: Db, nodes: usize, policy: Value) -> World {
         .admin()
         .post(
             &format!("/v1/pools/{pool}/offers"),
-            json!({ "tenantId": "tenant-a", "quota": { "gpu": 32 } }),
+            json!({ "tenantId": "tenant-a", "quota": { "gpu": gpu_quota } }),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{offer}");
@@ -103,11 +104,12 @@ on_both_databases!(
     a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_is_placed_there,
     a_search_passes_over_units_reserved_to_another_org_and_counts_quota,
     a_search_checks_its_input_and_its_caller_and_writes_nothing,
-    graphql_availability_answers_what_the_rpc_answers,
+    graphql_availability_and_plan_answer_what_the_rpcs_answer,
     a_plan_answers_what_the_create_after_it_does_and_writes_nothing,
     a_plan_reports_the_iam_decision_and_the_quota_that_refuse_a_create,
     operators_find_nodes_with_units_free_of_bookings_and_claims_over_a_term,
     a_plan_in_a_pool_lease_pool_waits_behind_the_queue_as_the_create_does,
+    every_slot_found_over_a_random_booking_history_is_booked_at_its_start_and_not_before,
 );
 
 async fn a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_is_placed_there(
@@ -162,15 +164,10 @@ async fn a_search_answers_each_nodes_earliest_start_and_a_create_at_that_start_i
         .await;
     assert_eq!(status, StatusCode::OK, "{placed}");
     assert_eq!(placed["state"], "placed", "{placed}");
-    let sorted = |units: &Value| {
-        let mut units: Vec<String> = serde_json::from_value(units.clone()).unwrap();
-        units.sort();
-        units
-    };
     assert_eq!(placed["placement"]["nodeId"], slot["members"][0]["nodeId"]);
     assert_eq!(
-        sorted(&placed["placement"]["unitIds"]),
-        sorted(&slot["members"][0]["unitIds"])
+        sorted_units(&placed["placement"]["unitIds"]),
+        sorted_units(&slot["members"][0]["unitIds"])
     );
     // Four GPUs in one NVLink domain for an hour: n1 and n3 from 2 h, n2 from 5 h.
     let (_, half) = w.search(w.ask(4, 1, T0, T0 + 24 * HOUR)).await;
@@ -338,7 +335,7 @@ async fn a_search_checks_its_input_and_its_caller_and_writes_nothing(db: Db) {
     assert_eq!(rows, 0, "no draft is left");
 }
 
-async fn graphql_availability_answers_what_the_rpc_answers(db: Db) {
+async fn graphql_availability_and_plan_answer_what_the_rpcs_answer(db: Db) {
     let w = world(db, 2).await;
     w.book_node("n1", T0, 4).await;
     let ask = w.ask(8, 2, T0, T0 + 48 * HOUR);
@@ -358,6 +355,22 @@ async fn graphql_availability_answers_what_the_rpc_answers(db: Db) {
     let mut expected = rest.clone();
     expected["budget"] = Value::Null;
     assert_eq!(body["data"]["availability"], expected);
+    let request = w.request("k-graphql", 8);
+    let rest = w.plan(request.clone()).await;
+    let query = "query($input: JSON!) { plan(input: $input) {
+        reservationId outcome iam quota { admits resources { resource requested limit used } }
+        placement { state members { nodeId unitIds } placedBy preempts } } }";
+    let (status, body) = w
+        .tenant
+        .post(
+            "/graphql",
+            json!({ "query": query, "variables": { "input": request } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.get("errors").is_none(), "{body}");
+    assert_eq!(body["data"]["plan"], rest, "GraphQL's plan is the RPC's");
+    assert_eq!(rest["placement"]["members"][0]["nodeId"], "n2", "{rest}");
 }
 
 /// Counts every reservation row, drafts included.
@@ -581,7 +594,7 @@ async fn operators_find_nodes_with_units_free_of_bookings_and_claims_over_a_term
 }
 
 async fn a_plan_in_a_pool_lease_pool_waits_behind_the_queue_as_the_create_does(db: Db) {
-    let w = world_with(db, 1, json!({ "placer": "pool-lease" })).await;
+    let w = world_with(db, 1, json!({ "placer": "pool-lease" }), 32).await;
     let (_, half) = w
         .tenant
         .post("/api/compute/reservations/create", w.request("k-half", 4))
@@ -601,4 +614,132 @@ async fn a_plan_in_a_pool_lease_pool_waits_behind_the_queue_as_the_create_does(d
         .await;
     assert_eq!(small["state"], "pending", "{small}");
     assert_eq!(small["conditions"][0]["type"], "Queued", "{small}");
+}
+
+/// Random bookings over two days on five nodes, then searches for single nodes of 1, 2,
+/// 4 and 8 GPUs, a whole-node binding and a gang: every slot answered is created at its
+/// start and placed on its nodes and units, at its latest start too, and a millisecond
+/// earlier its node does not take it.
+async fn every_slot_found_over_a_random_booking_history_is_booked_at_its_start_and_not_before(
+    db: Db,
+) {
+    use rand::{Rng as _, SeedableRng as _};
+    let w = world_with(db, 5, json!({ "tenantRoot": true }), 100_000).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20);
+    for i in 0..25 {
+        let node = format!("n{}", rng.random_range(1..=5));
+        let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
+        let topology = if gpus <= 4 { "nvlink-all" } else { "any" };
+        let start = T0 + rng.random_range(1..48) * HOUR;
+        let body = json!({ "tenantId": "tenant-a", "poolId": w.pool,
+                           "devices": [{ "class": "gpu", "count": gpus, "topology": topology, "selector": { "labels": { "node": node } } }],
+                           "start": start, "duration": rng.random_range(1..=8) * 3600, "idempotencyKey": format!("history-{i}") });
+        let (status, r) = w
+            .tenant
+            .post("/api/compute/reservations/create", body)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        if r["state"] != "placed" {
+            w.cancel(&r).await;
+        }
+    }
+    let mut tried = 0;
+    for (n, (gpus, extra)) in [
+        (1, json!({})),
+        (2, json!({})),
+        (4, json!({})),
+        (8, json!({})),
+        (8, json!({ "binding": "node" })),
+        (4, json!({ "gang": { "size": 2 } })),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let hours = rng.random_range(1..=6);
+        // From an hour ahead: nothing found starts before the reconciler may activate it.
+        let from = T0 + HOUR;
+        let mut ask = w.ask(gpus, hours, from, T0 + 72 * HOUR);
+        ask["limit"] = json!(50);
+        for (k, v) in extra.as_object().unwrap() {
+            ask[k] = v.clone();
+        }
+        let (status, found) = w.search(ask.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{found}");
+        let slots = found["slots"].as_array().unwrap().clone();
+        assert!(!slots.is_empty(), "{ask} → {found}");
+        for (i, slot) in slots.iter().enumerate() {
+            let start = slot["start"].as_i64().unwrap();
+            let latest = slot["latestStart"].as_i64().unwrap();
+            assert!(start <= latest, "{slot}");
+            let members = slot["members"].as_array().unwrap();
+            let pinned = |at: i64, key: &str| {
+                let mut body = ask.clone();
+                for field in ["window", "limit"] {
+                    body.as_object_mut().unwrap().remove(field);
+                }
+                body["start"] = json!(at);
+                body["idempotencyKey"] = json!(format!("{key}-{n}-{i}"));
+                if members.len() == 1 {
+                    body["devices"][0]["selector"] =
+                        json!({ "labels": { "node": members[0]["nodeId"] } });
+                }
+                body
+            };
+            let created = w.create_at(pinned(start, "at-start")).await;
+            assert_eq!(created["state"], "placed", "{slot} → {created}");
+            let got: Vec<(Value, Vec<String>)> = created["placement"]["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| (m["nodeId"].clone(), sorted_units(&m["unitIds"])))
+                .collect();
+            let mut want: Vec<(Value, Vec<String>)> = members
+                .iter()
+                .map(|m| (m["nodeId"].clone(), sorted_units(&m["unitIds"])))
+                .collect();
+            let mut got = got;
+            got.sort_by(|a, b| a.0.as_str().cmp(&b.0.as_str()));
+            want.sort_by(|a, b| a.0.as_str().cmp(&b.0.as_str()));
+            assert_eq!(got, want, "{slot} → {created}");
+            w.cancel(&created).await;
+            let created = w.create_at(pinned(latest, "at-latest")).await;
+            assert_eq!(created["state"], "placed", "{slot} → {created}");
+            w.cancel(&created).await;
+            if members.len() == 1 && start > from {
+                let early = w.create_at(pinned(start - 1, "early")).await;
+                assert_eq!(early["state"], "pending", "{slot} → {early}");
+                w.cancel(&early).await;
+            }
+            tried += 1;
+        }
+    }
+    assert!(tried >= 12, "{tried} slots tried");
+}
+
+fn sorted_units(units: &Value) -> Vec<String> {
+    let mut units: Vec<String> = serde_json::from_value(units.clone()).unwrap();
+    units.sort();
+    units
+}
+
+impl World {
+    async fn create_at(&self, body: Value) -> Value {
+        let (status, r) = self
+            .tenant
+            .post("/api/compute/reservations/create", body)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        r
+    }
+
+    async fn cancel(&self, r: &Value) {
+        let (status, done) = self
+            .tenant
+            .post(
+                "/api/compute/reservations/cancel",
+                json!({ "tenantId": "tenant-a", "reservationId": r["id"] }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{done}");
+    }
 }

@@ -130,6 +130,7 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
         server.resident_mib()?
     );
     reads(&tenant, &api, &pool, &ids).await?;
+    alone(server, &tenant, &pool).await?;
     if args.availability_bookings > 0 {
         spread(&tenant, &pool, args.availability_bookings, args.clients).await?;
         println!("  server resident memory {:.0} MiB", server.resident_mib()?);
@@ -430,6 +431,44 @@ async fn reads(tenant: &Api, admin: &Api, pool: &str, ids: &[String]) -> anyhow:
             "  {name}: p50 {}, p99 {}",
             ms(percentile(&mut latencies, 0.50)),
             ms(percentile(&mut latencies, 0.99))
+        );
+    }
+    Ok(())
+}
+
+/// A create one at a time, 50 placed and 50 that wait (8 GPUs in one NVLink domain, which
+/// no node has): latency and server CPU each. A create that waits does what a pending
+/// retry does (the decision over the whole pool, why it waits and until when, the write)
+/// and more (the draft, the quota charge).
+async fn alone(server: &Server, tenant: &Api, pool: &str) -> anyhow::Result<()> {
+    for (name, topology) in [("placed (1 GPU)", "any"), ("waits (8 GPUs nvlink-all)", "nvlink-all")] {
+        let gpus = if topology == "any" { 1 } else { 8 };
+        let mut latencies = Vec::new();
+        let mut cpu = 0.0;
+        for i in 0..50 {
+            let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [{ "class": "gpu", "count": gpus, "topology": topology }],
+                               "duration": "1h", "idempotencyKey": format!("alone-{topology}-{i}") });
+            let cpu_before = server.cpu_seconds()?;
+            let sent = Instant::now();
+            let created = tenant
+                .send("POST", "/api/compute/reservations/create", body)
+                .await?;
+            latencies.push(sent.elapsed());
+            cpu += server.cpu_seconds()? - cpu_before;
+            let state = created["state"].as_str().unwrap_or_default();
+            if state != (if topology == "any" { "placed" } else { "pending" }) {
+                bail!("create {name}: {created}");
+            }
+            let cancel = json!({ "tenantId": "tenant-a", "reservationId": created["id"] });
+            tenant
+                .send("POST", "/api/compute/reservations/cancel", cancel)
+                .await?;
+        }
+        println!(
+            "  create one at a time, {name}: p50 {}, p99 {}, server CPU {:.2} ms each",
+            ms(percentile(&mut latencies, 0.50)),
+            ms(percentile(&mut latencies, 0.99)),
+            cpu * 1000.0 / 50.0
         );
     }
     Ok(())

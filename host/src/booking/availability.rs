@@ -11,14 +11,15 @@
 //! node's next start to try in one queue, earliest first: the slots come out in start
 //! order, and it stops at the `limit`-th slot.
 //!
-//! First each node is read at a start after everything on it has ended ([`ONCE_FREE`]):
-//! what holds it then (node reservations without an end) holds it for good, and a node that
-//! does not fit even then is passed over. Nodes without node reservations that offer the same
+//! Before a node is first tried it is read at a start after everything on it has ended
+//! ([`ONCE_FREE`]): what holds it then (node reservations without an end) holds it for good,
+//! and a node that does not fit even then is passed over. Nodes without node reservations that offer the same
 //! units, labels and host resources answer alike, so that read is made once per such shape
 //! ([`shape`]). A request that fits nowhere costs a read per shape, not one per booking.
 //!
 //! A gang needs its members on distinct nodes at one start, so each start tried reads the
-//! whole pool. Either way a search stops after a budget of node reads ([`MAX_TRIES`] for
+//! whole pool: each end of anything in the pool, and the first start a slot's members do
+//! not cover. Either way a search stops after a budget of node reads ([`MAX_TRIES`] for
 //! the API, [`PENDING_TRIES`] for the note on a pending reservation), and says how far it
 //! got (`searchedUntil`): no slot it did not return starts before that.
 
@@ -170,9 +171,12 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
         }
     };
     let mut queue: BinaryHeap<Reverse<(i64, usize)>> = (nodes.iter().enumerate())
-        .filter(|(_, n)| !n.is_lost() && could_fit(n))
+        .filter(|(_, n)| !n.is_lost())
         .map(|(i, _)| Reverse((search.from, i)))
         .collect();
+    // Whether a node could ever take the request is asked when it is first tried, so a
+    // search that finds its slots among the first nodes looks at no others.
+    let mut vetted = vec![false; nodes.len()];
     let mut slots = Vec::new();
     let mut tries = 0;
     while let Some(Reverse((start, n))) = queue.pop() {
@@ -182,8 +186,11 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
                 searched_until: start,
             };
         }
-        tries += 1;
         let node = &nodes[n];
+        if !std::mem::replace(&mut vetted[n], true) && !could_fit(node) {
+            continue;
+        }
+        tries += 1;
         match fits_alone(node, search, start) {
             Some(units) => slots.push(Slot {
                 start,
@@ -289,7 +296,9 @@ fn latest_start(node: &NodeCapacity, search: &Search<'_>, start: i64, units: &[S
 }
 
 /// A gang: the whole pool read at each start where anything ends, members placed as a
-/// create places them, until `limit` slots whose start ranges do not overlap.
+/// create places them, until `limit` slots. The next start tried after a slot is the first
+/// one its members do not cover (its latest start, plus one millisecond): other nodes may
+/// take the gang there. So every start at which the gang fits lies in a slot's range.
 fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
     let complete = Found {
         slots: Vec::new(),
@@ -298,7 +307,7 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
     if gang_at(nodes, search, ONCE_FREE).is_none() {
         return complete;
     }
-    let mut starts: Vec<i64> = (nodes.nodes.iter())
+    let mut ends: Vec<i64> = (nodes.nodes.iter())
         .filter(|n| !n.is_lost())
         .flat_map(|n| {
             let bookings = n.bookings.iter().map(|b| b.end_ms);
@@ -308,23 +317,32 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
         })
         .filter(|e| *e > search.from && *e <= search.last_start)
         .collect();
-    starts.push(search.from);
-    starts.sort_unstable();
-    starts.dedup();
+    ends.push(search.from);
+    ends.sort_unstable();
+    ends.dedup();
+    let mut ends = ends.into_iter().peekable();
     let by_id: BTreeMap<&str, &Arc<NodeCapacity>> = (nodes.nodes.iter())
         .map(|n| (n.node.id.as_str(), n))
         .collect();
     let mut slots: Vec<Slot> = Vec::new();
+    let mut resume = None;
     let mut tries = 0;
-    for start in starts {
+    loop {
+        let start = match resume.take() {
+            Some(start) => {
+                ends.next_if_eq(&start);
+                start
+            }
+            None => match ends.next() {
+                Some(end) => end,
+                None => break,
+            },
+        };
         if slots.len() == search.limit || (tries > 0 && tries + nodes.nodes.len() > search.tries) {
             return Found {
                 slots,
                 searched_until: start,
             };
-        }
-        if slots.last().is_some_and(|s| start <= s.latest_start) {
-            continue;
         }
         tries += nodes.nodes.len();
         let Some(chosen) = gang_at(nodes, search, start) else {
@@ -339,6 +357,8 @@ fn search_gang(nodes: &PoolList, search: &Search<'_>) -> Found {
             latest_start: latest,
             members: chosen.members,
         });
+        while ends.next_if(|e| *e <= latest).is_some() {}
+        resume = (latest < search.last_start).then_some(latest + 1);
     }
     Found { slots, ..complete }
 }
@@ -744,6 +764,83 @@ mod tests {
                         "case {case}: latest"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn every_start_a_gang_fits_at_is_a_slot_or_inside_the_slot_before_it() {
+        let mut rng = StdRng::seed_from_u64(23);
+        for case in 0..100 {
+            let nodes: Vec<Arc<NodeCapacity>> = (0..rng.random_range(2..6))
+                .map(|n| {
+                    let id = format!("n{n}");
+                    let mut bookings = Vec::new();
+                    for unit in 0..8 {
+                        let mut at = rng.random_range(0..6);
+                        while at < 48 && rng.random_bool(0.6) {
+                            let end = at + rng.random_range(1..12);
+                            bookings.push(booking(&id, unit, at, end));
+                            at = end + rng.random_range(0..6);
+                        }
+                    }
+                    node(&id, bookings)
+                })
+                .collect();
+            let size = rng.random_range(2..=3);
+            let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
+            let nvlink_all = gpus <= 4 && rng.random_bool(0.5);
+            let duration = rng.random_range(1..8) * HOUR;
+            let last_start = 60 * HOUR;
+            let mut r = reservation(gpus as i64, nvlink_all);
+            r.request.gang = Some(Gang {
+                size,
+                topology_key: None,
+            });
+            let search_for = Search {
+                r: &r,
+                duration_ms: duration,
+                from: 0,
+                last_start,
+                now: 0,
+                limit: 50,
+                tries: MAX_TRIES,
+            };
+            let found = search(&pool(nodes.clone()), &search_for);
+            assert_eq!(found.searched_until, last_start, "case {case}: complete");
+            let by_id = |id: &str| nodes.iter().find(|n| n.node.id == id).unwrap();
+            for slot in &found.slots {
+                let ids: std::collections::BTreeSet<&str> =
+                    slot.members.iter().map(|m| m.node_id.as_str()).collect();
+                assert_eq!(ids.len(), size as usize, "case {case}: distinct nodes");
+                for m in &slot.members {
+                    for t in [slot.start, slot.latest_start] {
+                        assert!(
+                            m.unit_ids.iter().all(|u| free(by_id(&m.node_id), u, t, duration)),
+                            "case {case}: {} free at {t}",
+                            m.node_id
+                        );
+                    }
+                }
+            }
+            // The gang fits at `s` when `size` nodes each take a member.
+            let gang_fits = |s: i64| {
+                nodes
+                    .iter()
+                    .filter(|n| fits(n, gpus, nvlink_all, s, duration))
+                    .count()
+                    >= size as usize
+            };
+            for s in (0..=last_start).step_by(HOUR as usize) {
+                let before = found.slots.iter().rev().find(|slot| slot.start <= s);
+                let covered = before.is_some_and(|slot| s <= slot.latest_start);
+                assert_eq!(
+                    gang_fits(s),
+                    covered,
+                    "case {case}: {size} × {gpus} GPUs (nvlink {nvlink_all}) at {} h: {:?}",
+                    s / HOUR,
+                    found.slots
+                );
             }
         }
     }

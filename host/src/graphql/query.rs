@@ -7,7 +7,7 @@ use async_graphql::{Context, Object, Result};
 use super::error::invalid_json;
 use super::types::{
     AuditEntry, Availability, Catalog, ComputeReservation, Earnings, Event, Node, NodeReservation,
-    Offer, Plugin, Pool, Viewer,
+    Offer, Plan, Plugin, Pool, Viewer,
 };
 use super::{app, caller, limits, page};
 use crate::booking::State;
@@ -43,6 +43,19 @@ impl Query {
                 .await?
                 .into(),
         )
+    }
+
+    /// What `createComputeReservation` would do now, step by step, writing nothing:
+    /// `input` is the RPC's `plan` body (a create request).
+    async fn plan(
+        &self,
+        ctx: &Context<'_>,
+        input: async_graphql::Json<serde_json::Value>,
+    ) -> Result<Plan> {
+        let request = serde_json::from_value(input.0).map_err(|e| invalid_json(&e))?;
+        Ok(crate::booking::plan::plan(app(ctx), caller(ctx)?, request)
+            .await?
+            .into())
     }
 
     /// The nodes an org owns (by default the caller's), by id.

@@ -12,7 +12,9 @@ pub use earnings::Earnings;
 pub(super) use inventory::Booking;
 pub use inventory::Node;
 pub use pools::{Offer, Plugin, Pool};
-pub use reservations::{Availability, Catalog, ComputeReservation, Extended, NodeReservation};
+pub use reservations::{
+    Availability, Catalog, ComputeReservation, Extended, NodeReservation, Plan,
+};
 
 use async_graphql::Json;
 use serde::Serialize;

@@ -4,7 +4,7 @@ use async_graphql::{Json, SimpleObject};
 
 use super::{api_name, json};
 use crate::booking::store as compute;
-use crate::booking::{availability as search, extend};
+use crate::booking::{availability as search, extend, plan};
 use crate::catalog;
 use crate::node_reservations::queries;
 
@@ -97,6 +97,15 @@ pub struct PlacementMember {
     pub unit_ids: Vec<String>,
 }
 
+impl From<compute::Member> for PlacementMember {
+    fn from(m: compute::Member) -> Self {
+        PlacementMember {
+            node_id: m.node_id,
+            unit_ids: m.unit_ids,
+        }
+    }
+}
+
 impl From<compute::ComputeReservation> for ComputeReservation {
     fn from(r: compute::ComputeReservation) -> Self {
         ComputeReservation {
@@ -108,14 +117,7 @@ impl From<compute::ComputeReservation> for ComputeReservation {
             placement: r.placement.map(|p| Placement {
                 node_id: p.node_id,
                 unit_ids: p.unit_ids,
-                members: p
-                    .members
-                    .into_iter()
-                    .map(|m| PlacementMember {
-                        node_id: m.node_id,
-                        unit_ids: m.unit_ids,
-                    })
-                    .collect(),
+                members: p.members.into_iter().map(Into::into).collect(),
                 placed_by: p.placed_by,
             }),
             id: r.id,
@@ -275,33 +277,91 @@ impl From<search::Availability> for Availability {
                     start: s.start,
                     end: s.end,
                     latest_start: s.latest_start,
-                    members: (s.members.into_iter())
-                        .map(|m| PlacementMember {
-                            node_id: m.node_id,
-                            unit_ids: m.unit_ids,
-                        })
-                        .collect(),
+                    members: s.members.into_iter().map(Into::into).collect(),
                 })
                 .collect(),
             searched_until: a.searched_until,
-            quota: QuotaCheck {
-                admits: a.quota.admits,
-                resources: (a.quota.resources.into_iter())
-                    .map(|l| QuotaCharge {
-                        resource: l.resource,
-                        requested: l.requested,
-                        limit: l.limit,
-                        used: l.used,
-                    })
-                    .collect(),
-            },
-            budget: a.budget.map(|b| BudgetCheck {
-                admits: b.admits,
-                reason: b.reason,
-                charge_minor: b.charge_minor,
-                limit_minor: b.limit_minor,
-                spent_minor: b.spent_minor,
-                committed_minor: b.committed_minor,
+            quota: a.quota.into(),
+            budget: a.budget.map(Into::into),
+        }
+    }
+}
+
+impl From<search::QuotaCheck> for QuotaCheck {
+    fn from(q: search::QuotaCheck) -> Self {
+        QuotaCheck {
+            admits: q.admits,
+            resources: (q.resources.into_iter())
+                .map(|l| QuotaCharge {
+                    resource: l.resource,
+                    requested: l.requested,
+                    limit: l.limit,
+                    used: l.used,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<search::BudgetCheck> for BudgetCheck {
+    fn from(b: search::BudgetCheck) -> Self {
+        BudgetCheck {
+            admits: b.admits,
+            reason: b.reason,
+            charge_minor: b.charge_minor,
+            limit_minor: b.limit_minor,
+            spent_minor: b.spent_minor,
+            committed_minor: b.committed_minor,
+        }
+    }
+}
+
+/// What `create` would do now, step by step (`plan`): the RPC's answer.
+#[derive(SimpleObject)]
+pub struct Plan {
+    /// The id the reservation gets.
+    pub reservation_id: String,
+    /// `placed`, `pending` or `queued`; `replayed`; or the error code `create` would answer.
+    pub outcome: String,
+    /// The stored reservation's state, where the key was used before.
+    pub replayed: Option<String>,
+    /// IAM on the draft: `allow`, `deny` or `needs-confirmation`.
+    pub iam: Option<String>,
+    pub quota: Option<QuotaCheck>,
+    pub budget: Option<BudgetCheck>,
+    pub placement: Option<PlacementPlan>,
+}
+
+/// Where the pool's placer would put a request.
+#[derive(SimpleObject)]
+pub struct PlacementPlan {
+    /// `placed`, `pending` or `queued`.
+    pub state: String,
+    pub members: Vec<PlacementMember>,
+    pub placed_by: Option<String>,
+    /// Spot reservations that would be ended to make room.
+    pub preempts: Vec<String>,
+    pub preempted_by: Option<String>,
+    /// Why it would wait.
+    pub reason: Option<String>,
+}
+
+impl From<plan::Plan> for Plan {
+    fn from(p: plan::Plan) -> Self {
+        Plan {
+            reservation_id: p.reservation_id,
+            outcome: p.outcome,
+            replayed: p.replayed.map(|s| s.as_str().to_string()),
+            iam: p.iam.map(str::to_string),
+            quota: p.quota.map(Into::into),
+            budget: p.budget.map(Into::into),
+            placement: p.placement.map(|p| PlacementPlan {
+                state: p.state.to_string(),
+                members: p.members.into_iter().map(Into::into).collect(),
+                placed_by: p.placed_by,
+                preempts: p.preempts,
+                preempted_by: p.preempted_by,
+                reason: p.reason,
             }),
         }
     }
