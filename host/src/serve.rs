@@ -105,6 +105,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
 
+    // Listen for SIGINT/SIGTERM before announcing the address: a stop asked for right
+    // after start still finishes in-flight work and closes the database.
+    let stop = stop_requested().context("listening for SIGINT and SIGTERM")?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -133,7 +136,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         listener,
         api::router(app.clone()),
         limits,
-        shutdown_signal(),
+        shutdown_signal(stop),
     )
     .await
     .context("serving HTTP")?;
@@ -222,9 +225,23 @@ pub fn write_private_file(path: &Path, contents: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    stopping().await;
+async fn shutdown_signal(stop: impl Future<Output = ()>) {
+    stop.await;
     tracing::info!("shutting down: finishing in-flight requests");
+}
+
+/// Resolves when the process is asked to stop (SIGINT or SIGTERM) after this call, even
+/// before the future is first polled.
+fn stop_requested() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {},
+            _ = interrupt.recv() => {},
+        }
+    })
 }
 
 /// Resolves when the process is asked to stop (SIGINT or SIGTERM): the server and every
