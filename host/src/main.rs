@@ -3,7 +3,6 @@
 use clap::{Parser, Subcommand};
 use orl::cli::{self, ClientCommand, Connection};
 use orl::serve::{self, ServeArgs};
-use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
 #[command(
@@ -42,13 +41,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    EnvFilter::try_from_env("ORL_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
+            serve::init_logs(args.log_format);
             serve::run(args).await
         }
         Command::Bench(BenchCommand::Placement(args)) => orl::bench::run(args),

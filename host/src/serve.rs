@@ -59,6 +59,36 @@ pub struct ServeArgs {
     #[arg(long, env = "ORL_DATABASE_CONNECTIONS", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(2..))]
     pub database_connections: u32,
+    /// How log lines on stderr are written: `text` for people, `json` for log collectors
+    /// (one JSON object per line).
+    #[arg(long, env = "ORL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// The format of the server's log lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines, coloured when stderr is a terminal.
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message` and the event's
+    /// fields, and the span it happened in.
+    Json,
+}
+
+/// Sends the server's logs to stderr in `format`, at the level `ORL_LOG` sets (`info`
+/// unless set).
+pub fn init_logs(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("ORL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_ansi(false).init(),
+    }
 }
 
 /// Environment variable holding the bootstrap admin key (`or_…`).

@@ -1,10 +1,12 @@
 //! The `orl` client commands against a live server.
 
-use std::process::Output;
+use std::process::{Output, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-use crate::support::{Db, Server, T0, h100_inventory, on_both_databases};
+use crate::support::{Db, Server, T0, h100_inventory, on_both_databases, random_key};
 
 const HOUR: i64 = 3_600_000;
 
@@ -476,5 +478,73 @@ permit(principal, action == Orl::Action::"compute:reservations:create", resource
     assert!(
         shown.contains("no policy"),
         "an empty file removes it: {shown}"
+    );
+}
+
+#[tokio::test]
+async fn with_orl_log_format_json_every_server_log_line_is_a_json_object() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let stderr = std::fs::File::create(data_dir.path().join("stderr.log")).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_orl"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir.path().join("data"))
+        .env_remove("DATABASE_URL")
+        .env("ORL_ADMIN_KEY", random_key())
+        .env("ORL_TEST_CLOCK_MS", T0.to_string())
+        .env("ORL_LOG", "info")
+        .env("ORL_LOG_FORMAT", "json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.starts_with("orl listening on ") {
+                return;
+            }
+        }
+        panic!("orl exited before listening");
+    })
+    .await
+    .expect("orl starts listening within 60 s");
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the server stops on SIGTERM")
+        .unwrap();
+    assert!(status.success());
+
+    let logs = std::fs::read_to_string(data_dir.path().join("stderr.log")).unwrap();
+    let lines: Vec<Value> = logs
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    for line in &lines {
+        assert!(
+            line["timestamp"].is_string()
+                && line["level"].is_string()
+                && line["target"].is_string(),
+            "{line}"
+        );
+    }
+    let messages: Vec<&str> = lines.iter().filter_map(|l| l["message"].as_str()).collect();
+    for expected in ["database ready", "stopped"] {
+        assert!(messages.contains(&expected), "{expected} missing: {logs}");
+    }
+    let ready = lines
+        .iter()
+        .find(|l| l["message"] == "database ready")
+        .unwrap();
+    assert_eq!(
+        (&ready["level"], &ready["backend"]),
+        (&json!("INFO"), &json!("Sqlite")),
+        "the event's fields are members of the line: {ready}"
     );
 }
