@@ -7,6 +7,7 @@
 pub mod api;
 pub mod app;
 pub mod audit;
+pub mod backup;
 pub mod bench;
 pub mod booking;
 pub mod capacity;

@@ -1,6 +1,7 @@
 //! `orl`: the server (`orl serve`) and the command-line client in one binary.
 
 use clap::{Parser, Subcommand};
+use orl::backup::{self, BackupArgs};
 use orl::cli::{self, ClientCommand, Connection};
 use orl::serve::{self, ServeArgs};
 
@@ -21,6 +22,8 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Copy the server's SQLite database to a new file while the server runs.
+    Backup(BackupArgs),
     /// Measure the policy runtime.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -44,6 +47,7 @@ async fn main() -> std::process::ExitCode {
             serve::init_logs(args.log_format);
             serve::run(args).await
         }
+        Command::Backup(args) => backup::run(args).await,
         Command::Bench(BenchCommand::Placement(args)) => orl::bench::run(args),
         Command::Bench(BenchCommand::Api(args)) => orl::bench::api::run(args).await,
         Command::Client(command) => cli::run(cli.connection, command).await,

@@ -501,7 +501,7 @@ pub fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
 
 /// The database file a `sqlite:` URL names (not an in-memory one), and whether the URL
 /// lets it be created.
-fn sqlite_file(url: &str) -> Option<(PathBuf, bool)> {
+pub fn sqlite_file(url: &str) -> Option<(PathBuf, bool)> {
     let rest = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))?;

@@ -1,12 +1,15 @@
 //! The `orl` client commands against a live server.
 
 use std::process::{Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-use crate::support::{Db, Server, T0, h100_inventory, on_both_databases, random_key};
+use crate::support::{Db, Options, Server, T0, h100_inventory, on_both_databases, random_key};
 
 const HOUR: i64 = 3_600_000;
 
@@ -479,6 +482,138 @@ permit(principal, action == Orl::Action::"compute:reservations:create", resource
         shown.contains("no policy"),
         "an empty file removes it: {shown}"
     );
+}
+
+/// Runs `orl args…` with no server and no key; returns its output.
+async fn orl_alone(args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_orl"))
+        .args(args)
+        .env_remove("ORL_URL")
+        .env_remove("ORL_KEY")
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_of_a_live_sqlite_database_restores_on_a_new_server() {
+    let server = Server::start(Db::Sqlite).await;
+    let api = server.admin();
+    for n in 0..20 {
+        let (status, body) = api
+            .post(
+                "/v1/orgs",
+                json!({ "id": format!("before-{n}"), "name": "before" }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    // The server keeps writing while the backup runs.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (api, stop) = (api.clone(), stop.clone());
+        async move {
+            let mut written = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let org = json!({ "id": format!("during-{written}"), "name": "during" });
+                let (status, body) = api.post("/v1/orgs", org).await;
+                assert_eq!(status, StatusCode::CREATED, "{body}");
+                written += 1;
+            }
+            written
+        }
+    });
+    let copy_dir = tempfile::tempdir().unwrap();
+    let copy = copy_dir.path().join("orl-backup.db");
+    let data_dir = server.data_dir.path().to_str().unwrap();
+    let copy_arg = copy.to_str().unwrap();
+    let output = orl_alone(&["backup", copy_arg, "--data-dir", data_dir]).await;
+    stop.store(true, Ordering::Relaxed);
+    let written_during = writer.await.unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("backed up") && stdout.contains(copy_arg),
+        "{stdout}"
+    );
+    assert!(written_during > 0, "the server wrote while the backup ran");
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&copy).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the copy holds key hashes");
+
+    // A second backup to the same file is refused and leaves the copy as it was.
+    let before = std::fs::read(&copy).unwrap();
+    let output = orl_alone(&["backup", copy_arg, "--data-dir", data_dir]).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("already exists"), "{stderr}");
+    assert_eq!(std::fs::read(&copy).unwrap(), before);
+
+    // A server started on the copy has every org written before the backup, and the
+    // original admin key works there.
+    let mut restored = Server::start(Db::Sqlite).await;
+    assert!(restored.stop().await);
+    let db = restored.data_dir.path().join("orl.db");
+    for companion in ["orl.db-wal", "orl.db-shm"] {
+        let _ = std::fs::remove_file(restored.data_dir.path().join(companion));
+    }
+    std::fs::copy(&copy, &db).unwrap();
+    let options = Options {
+        admin_key: Some(server.admin.clone()),
+        ..Options::default()
+    };
+    restored.restart_with(options).await;
+    let api = restored.as_key(&server.admin);
+    for n in 0..20 {
+        let (status, org) = api.get(&format!("/v1/orgs/before-{n}")).await;
+        assert_eq!(status, StatusCode::OK, "{org}");
+        assert_eq!(org["name"], "before");
+    }
+    let (status, audit) = api.get("/v1/audit?limit=200").await;
+    assert_eq!(status, StatusCode::OK, "{audit}");
+    assert!(
+        audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["objectId"] == "before-19"),
+        "{audit}"
+    );
+    // The restored server takes writes.
+    let (status, body) = api
+        .post("/v1/orgs", json!({ "id": "after", "name": "after" }))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+#[tokio::test]
+async fn a_backup_of_postgresql_says_to_use_pg_dump_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("orl.db");
+    let url = "postgres://orl@127.0.0.1:5432/orl";
+    let target_arg = target.to_str().unwrap();
+    let output = orl_alone(&["backup", target_arg, "--database-url", url]).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("pg_dump") && stderr.contains("pg_restore"),
+        "{stderr}"
+    );
+    assert!(!target.exists());
+
+    // Nor is an empty database made where none was.
+    let missing = dir.path().join("no-data");
+    let data_dir = missing.to_str().unwrap();
+    let output = orl_alone(&["backup", target_arg, "--data-dir", data_dir]).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no database at"), "{stderr}");
+    assert!(!target.exists() && !missing.exists());
 }
 
 #[tokio::test]
