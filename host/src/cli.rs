@@ -5,6 +5,7 @@ mod client;
 mod compute;
 mod graphql;
 mod iam;
+mod plugins;
 mod pools;
 mod provider;
 mod render;
@@ -18,6 +19,7 @@ use serde_json::{Value, json};
 pub use client::Client;
 pub use compute::{ComputeCommand, ComputeReservationsCommand};
 pub use iam::{ConfirmationsCommand, IamCommand, PolicyCommand};
+pub use plugins::{PluginsCommand, PoliciesCommand};
 pub use pools::PoolsCommand;
 pub use provider::ProviderCommand;
 
@@ -86,9 +88,12 @@ pub enum ClientCommand {
     /// Node reservations: exclusive rights over GPU units of a node for orgs.
     #[command(subcommand)]
     Reservations(ReservationsCommand),
-    /// Pools of nodes and their offers to tenants.
+    /// Pools of nodes, their offers to tenants and the policy plugins they run.
     #[command(subcommand)]
     Pools(PoolsCommand),
+    /// Policy plugins: WebAssembly components that place, preempt and guard spending.
+    #[command(subcommand)]
+    Plugins(PluginsCommand),
     /// A provider org's earnings and payouts.
     #[command(subcommand)]
     Provider(ProviderCommand),
@@ -331,6 +336,7 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
         ),
         ClientCommand::Reservations(command) => reservations(&client, command).await?,
         ClientCommand::Pools(command) => pools::run(&client, command).await?,
+        ClientCommand::Plugins(command) => plugins::run_plugins(&client, command).await?,
         ClientCommand::Provider(command) => provider::run(&client, command).await?,
         ClientCommand::Compute(ComputeCommand::Reservations(command)) => {
             compute::run(&client, command).await?

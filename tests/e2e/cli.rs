@@ -9,7 +9,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-use crate::support::{Db, Options, Server, T0, h100_inventory, on_both_databases, random_key};
+use crate::support::{
+    Db, Options, Server, T0, component, h100_inventory, on_both_databases, random_key,
+};
 
 const HOUR: i64 = 3_600_000;
 
@@ -63,6 +65,8 @@ on_both_databases!(
     the_cli_pools_offers_and_books_compute_through_its_lifecycle,
     the_cli_sets_a_cedar_policy_and_a_person_confirms_an_agents_request,
     the_cli_takes_a_url_without_a_scheme_and_says_when_no_server_answers,
+    the_cli_uploads_lists_gets_and_deletes_a_plugin,
+    setting_one_pool_policy_from_the_cli_keeps_the_others,
 );
 
 async fn the_cli_takes_a_url_without_a_scheme_and_says_when_no_server_answers(db: Db) {
@@ -494,6 +498,156 @@ async fn orl_alone(args: &[&str]) -> Output {
         .output()
         .await
         .unwrap()
+}
+
+async fn the_cli_uploads_lists_gets_and_deletes_a_plugin(db: Db) {
+    let server = Server::start(db).await;
+    let admin = &server.admin;
+    provider_and_tenant(&server).await;
+    let pool = pool_offered_to_tenant(&server).await;
+    let file = component("orl_placer_spread.wasm");
+    let file = file.to_str().unwrap();
+
+    let uploaded = orl_json(&server, admin, &["plugins", "upload", file]).await;
+    let id = uploaded["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("sha256:"), "{uploaded}");
+    assert_eq!(
+        (&uploaded["name"], &uploaded["world"], &uploaded["version"]),
+        (
+            &json!("orl-placer-spread"),
+            &json!("placer"),
+            &json!("unversioned")
+        ),
+        "the name comes from the file's: {uploaded}"
+    );
+    let again = format!("plugins upload {file} --name spread --version 1.2.0");
+    let again = orl_json(&server, admin, &words(&again)).await;
+    assert_eq!(
+        again, uploaded,
+        "the same bytes are the plugin already stored"
+    );
+
+    let listed = orl(&server, admin, &["plugins", "list"]).await;
+    assert!(
+        listed.contains(&id) && listed.contains("orl-placer-spread") && listed.contains("placer"),
+        "{listed}"
+    );
+    let set = format!("pools policies set {pool} --placement {id}");
+    orl(&server, admin, &words(&set)).await;
+    let got = orl_json(&server, admin, &["plugins", "get", &id]).await;
+    assert_eq!(got["assignedTo"], json!([pool]), "{got}");
+    let shown = orl(&server, admin, &["plugins", "get", &id]).await;
+    assert!(shown.contains(&pool), "{shown}");
+
+    let stderr = orl_fails(&server, admin, &["plugins", "delete", &id]).await;
+    assert!(
+        stderr.contains("409 CONFLICT"),
+        "a plugin in use stays: {stderr}"
+    );
+    let back = format!("pools policies set {pool} --placement default");
+    orl(&server, admin, &words(&back)).await;
+    let deleted = orl_json(&server, admin, &["plugins", "delete", &id]).await;
+    assert_eq!(deleted, json!({ "deleted": id }));
+    let stderr = orl_fails(&server, admin, &["plugins", "get", &id]).await;
+    assert!(stderr.contains("404 NOT_FOUND"), "{stderr}");
+    let listed = orl_json(&server, admin, &["plugins", "list"]).await;
+    assert_eq!(listed, json!([]));
+
+    // A file that is not a component is refused by the server, saying why.
+    let junk = server.data_dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"not a component").unwrap();
+    let stderr = orl_fails(
+        &server,
+        admin,
+        &["plugins", "upload", junk.to_str().unwrap()],
+    )
+    .await;
+    assert!(stderr.contains("400 INVALID_INPUT"), "{stderr}");
+}
+
+async fn setting_one_pool_policy_from_the_cli_keeps_the_others(db: Db) {
+    let server = Server::start(db).await;
+    let admin = &server.admin;
+    provider_and_tenant(&server).await;
+    let pool = pool_offered_to_tenant(&server).await;
+    let mut ids = Vec::new();
+    for file in ["orl_placer_spread.wasm", "preempt_oldest.wasm"] {
+        let path = component(file);
+        let upload = ["plugins", "upload", path.to_str().unwrap()];
+        let plugin = orl_json(&server, admin, &upload).await;
+        ids.push(plugin["id"].as_str().unwrap().to_string());
+    }
+    let (placer, preemptor) = (ids[0].clone(), ids[1].clone());
+    let get = format!("pools policies get {pool}");
+    let shown = orl(&server, admin, &words(&get)).await;
+    assert!(
+        shown.contains("default (built in)") && shown.contains("50 (default)"),
+        "nothing assigned yet: {shown}"
+    );
+
+    let config = server.data_dir.path().join("config.json");
+    std::fs::write(&config, r#"{"spreadBy": "nvlinkDomain"}"#).unwrap();
+    let set = format!(
+        "pools policies set {pool} --placement {placer} --deadline-ms 200 \
+         --on-policy-failure fallback --config-file {}",
+        config.display()
+    );
+    let first = orl_json(&server, admin, &words(&set)).await;
+    assert_eq!(first["placement"], placer.as_str(), "{first}");
+
+    let set = format!("pools policies set {pool} --preemption {preemptor}");
+    let second = orl_json(&server, admin, &words(&set)).await;
+    let kept = |policies: &Value| {
+        (
+            policies["deadlineMs"].clone(),
+            policies["onPolicyFailure"].clone(),
+            policies["config"].clone(),
+        )
+    };
+    let expected = (
+        json!(200),
+        json!("fallback"),
+        json!({ "spreadBy": "nvlinkDomain" }),
+    );
+    assert_eq!(second["placement"], placer.as_str(), "{second}");
+    assert_eq!(second["preemption"], preemptor.as_str(), "{second}");
+    assert_eq!(kept(&second), expected, "{second}");
+
+    // What the server stores is what the CLI answered.
+    let (status, stored) = server
+        .admin()
+        .get(&format!("/v1/pools/{pool}/policies"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{stored}");
+    assert_eq!(stored, second);
+
+    let set = format!("pools policies set {pool} --placement default --no-config");
+    let third = orl_json(&server, admin, &words(&set)).await;
+    assert_eq!(third.get("placement"), None, "{third}");
+    assert_eq!(third.get("config"), None, "{third}");
+    assert_eq!(third["preemption"], preemptor.as_str(), "{third}");
+    assert_eq!(
+        (
+            third["deadlineMs"].clone(),
+            third["onPolicyFailure"].clone()
+        ),
+        (json!(200), json!("fallback")),
+        "{third}"
+    );
+    let shown = orl(&server, admin, &words(&get)).await;
+    assert!(
+        shown.contains("default (built in)")
+            && shown.contains(&preemptor)
+            && shown.contains("fallback"),
+        "{shown}"
+    );
+
+    // A refused change changes nothing.
+    let set = format!("pools policies set {pool} --spend-guard {placer}");
+    let stderr = orl_fails(&server, admin, &words(&set)).await;
+    assert!(stderr.contains("400 INVALID_INPUT"), "{stderr}");
+    let after = orl_json(&server, admin, &words(&get)).await;
+    assert_eq!(after, third);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,14 @@ use anyhow::{Context as _, anyhow};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
+/// What a request carries.
+enum Body<'a> {
+    None,
+    Json(&'a Value),
+    /// Bytes sent as they are, with their content type.
+    Bytes(Vec<u8>, &'static str),
+}
+
 pub struct Client {
     http: reqwest::Client,
     base: String,
@@ -29,35 +37,45 @@ impl Client {
     }
 
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
-        self.send(Method::GET, path, None).await
+        self.send(Method::GET, path, Body::None).await
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        self.send(Method::POST, path, Some(body)).await
+        self.send(Method::POST, path, Body::Json(body)).await
+    }
+
+    /// POSTs `bytes` as the body, as `content_type`.
+    pub async fn post_bytes(
+        &self,
+        path: &str,
+        bytes: Vec<u8>,
+        content_type: &'static str,
+    ) -> anyhow::Result<Value> {
+        self.send(Method::POST, path, Body::Bytes(bytes, content_type))
+            .await
     }
 
     pub async fn put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        self.send(Method::PUT, path, Some(body)).await
+        self.send(Method::PUT, path, Body::Json(body)).await
     }
 
     pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
-        self.send(Method::DELETE, path, None).await
+        self.send(Method::DELETE, path, Body::None).await
     }
 
-    async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-    ) -> anyhow::Result<Value> {
+    async fn send(&self, method: Method, path: &str, body: Body<'_>) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method, &url);
         if let Some(key) = &self.key {
             request = request.bearer_auth(key);
         }
-        if let Some(body) = body {
-            request = request.json(body);
-        }
+        request = match body {
+            Body::None => request,
+            Body::Json(body) => request.json(body),
+            Body::Bytes(bytes, content_type) => request
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(bytes),
+        };
         let response = request.send().await.map_err(|err| {
             if err.is_connect() {
                 anyhow!(

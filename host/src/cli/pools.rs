@@ -6,6 +6,7 @@ use anyhow::bail;
 use clap::Subcommand;
 use serde_json::{Map, Value, json};
 
+use super::plugins::{self, PoliciesCommand};
 use super::{Client, Shown, read_json, render};
 
 #[derive(Debug, Subcommand)]
@@ -63,6 +64,9 @@ pub enum PoolsCommand {
     Offers {
         pool_id: String,
     },
+    /// The policy plugins a pool runs (placement, preemption, spend guard).
+    #[command(subcommand)]
+    Policies(PoliciesCommand),
 }
 
 /// One `resource=limit` of `--quota`.
@@ -150,5 +154,6 @@ pub(super) async fn run(client: &Client, command: PoolsCommand) -> anyhow::Resul
             client.get(&format!("/v1/pools/{pool_id}/offers")).await?,
             render::offers,
         ),
+        PoolsCommand::Policies(command) => plugins::run_policies(client, command).await?,
     })
 }

@@ -4,6 +4,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use serde_json::Value;
 
+use crate::policy::DEFAULT_DEADLINE_MS;
+
 fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
     let mut table = Table::new();
     table
@@ -597,4 +599,71 @@ pub fn events(value: &Value) -> String {
         value,
         "--after",
     )
+}
+
+const PLUGIN_HEADER: [&str; 7] = [
+    "id",
+    "name",
+    "version",
+    "world",
+    "bytes",
+    "created",
+    "assigned to",
+];
+
+fn plugin_row(p: &Value) -> Vec<String> {
+    [
+        "id",
+        "name",
+        "version",
+        "world",
+        "size",
+        "createdAt",
+        "assignedTo",
+    ]
+    .iter()
+    .map(|f| cell(&p[*f]))
+    .collect()
+}
+
+pub fn plugins(value: &Value) -> String {
+    table(
+        &PLUGIN_HEADER,
+        value.as_array().into_iter().flatten().map(plugin_row),
+    )
+}
+
+pub fn plugin(value: &Value) -> String {
+    table(&PLUGIN_HEADER, [plugin_row(value)])
+}
+
+/// A pool's policies, one row per setting; what is not set shows the built-in default.
+pub fn policies(value: &Value) -> String {
+    let plugin = |field: &str| match value.get(field) {
+        Some(id) => cell(id),
+        None => "default (built in)".to_string(),
+    };
+    let rows = vec![
+        vec!["placement".to_string(), plugin("placement")],
+        vec!["preemption".to_string(), plugin("preemption")],
+        vec!["spend guard".to_string(), plugin("spendLimit")],
+        vec![
+            "config".to_string(),
+            value
+                .get("config")
+                .map_or_else(String::new, Value::to_string),
+        ],
+        vec![
+            "deadline ms".to_string(),
+            value
+                .get("deadlineMs")
+                .map_or_else(|| format!("{DEFAULT_DEADLINE_MS} (default)"), cell),
+        ],
+        vec![
+            "on policy failure".to_string(),
+            cell(&value["onPolicyFailure"]),
+        ],
+        vec!["updated".to_string(), cell(&value["updatedAt"])],
+    ];
+    table(&["setting", "value"], rows)
 }
