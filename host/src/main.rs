@@ -1,6 +1,6 @@
 //! `orl`: the server (`orl serve`) and the command-line client in one binary.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use orl::backup::{self, BackupArgs};
 use orl::cli::{self, ClientCommand, Connection};
 use orl::serve::{self, ServeArgs};
@@ -24,6 +24,12 @@ enum Command {
     Serve(ServeArgs),
     /// Copy the server's SQLite database to a new file while the server runs.
     Backup(BackupArgs),
+    /// Print a completion script for a shell, e.g. `orl completions bash > /etc/bash_completion.d/orl`.
+    Completions {
+        /// The shell the script is for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Measure the policy runtime.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -48,6 +54,10 @@ async fn main() -> std::process::ExitCode {
             serve::run(args).await
         }
         Command::Backup(args) => backup::run(args).await,
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "orl", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Bench(BenchCommand::Placement(args)) => orl::bench::run(args),
         Command::Bench(BenchCommand::Api(args)) => orl::bench::api::run(args).await,
         Command::Client(command) => cli::run(cli.connection, command).await,

@@ -500,6 +500,31 @@ async fn orl_alone(args: &[&str]) -> Output {
         .unwrap()
 }
 
+#[tokio::test]
+async fn completions_for_every_shell_name_the_subcommands() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let output = orl_alone(&["completions", shell]).await;
+        assert!(
+            output.status.success(),
+            "{shell}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let script = String::from_utf8(output.stdout).unwrap();
+        for word in [
+            "serve",
+            "compute",
+            "plugins",
+            "policies",
+            "backup",
+            "completions",
+        ] {
+            assert!(script.contains(word), "{shell} script lacks {word}");
+        }
+    }
+    let output = orl_alone(&["completions", "tcsh"]).await;
+    assert!(!output.status.success(), "an unknown shell is refused");
+}
+
 async fn the_cli_uploads_lists_gets_and_deletes_a_plugin(db: Db) {
     let server = Server::start(db).await;
     let admin = &server.admin;
