@@ -96,6 +96,8 @@ pub struct NodeCapacity {
     gpus: i64,
     /// Marked lost and not reported since: it takes no placements.
     lost: bool,
+    /// [`NodeCapacity::shape`], worked out when first asked.
+    shape: std::sync::OnceLock<Option<u64>>,
 }
 
 impl NodeCapacity {
@@ -176,8 +178,32 @@ impl NodeCapacity {
             models,
             gpus,
             lost: node.is_lost(),
+            shape: std::sync::OnceLock::new(),
             node,
         }
+    }
+
+    /// What decides whether the node could take a request once nothing holds it, hashed:
+    /// its units as a placement reads them (class, model, memory, NVLink grouping, sellable,
+    /// labels; not their ids), its labels and its host resources. Nodes of one shape answer
+    /// alike. `None` for a node with node reservations, whose rights are its own.
+    pub fn shape(&self) -> Option<u64> {
+        *self.shape.get_or_init(|| {
+            use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+            if !self.claims.is_empty() {
+                return None;
+            }
+            let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
+            let n = &self.node;
+            (n.host.vcpu, n.host.memory_gib, n.host.hugepages_1gi).hash(&mut hasher);
+            n.labels.hash(&mut hasher);
+            self.models.hash(&mut hasher);
+            for (slot, unit) in self.slots.iter().zip(&n.units) {
+                let place = (slot.sellable, slot.class, slot.model, slot.domain);
+                (place, slot.memory_gib, &unit.labels).hash(&mut hasher);
+            }
+            Some(hasher.finish())
+        })
     }
 
     /// Marked lost and not reported since: it takes no placements.

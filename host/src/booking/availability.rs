@@ -15,7 +15,7 @@
 //! ([`ONCE_FREE`]): what holds it then (node reservations without an end) holds it for good,
 //! and a node that does not fit even then is passed over. Nodes without node reservations that offer the same
 //! units, labels and host resources answer alike, so that read is made once per such shape
-//! ([`shape`]). A request that fits nowhere costs a read per shape, not one per booking.
+//! ([`NodeCapacity::shape`]). A request that fits nowhere costs a read per shape, not one per booking.
 //!
 //! A gang needs its members on distinct nodes at one start, so each start tried reads the
 //! whole pool: each end of anything in the pool, and the first start a slot's members do
@@ -165,7 +165,7 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
     let mut shapes: HashMap<u64, bool> = HashMap::new();
     let mut could_fit = |node: &Arc<NodeCapacity>| {
         let fits = || fits_alone(node, search, ONCE_FREE).is_some();
-        match shape(node) {
+        match node.shape() {
             Some(key) => *shapes.entry(key).or_insert_with(fits),
             None => fits(),
         }
@@ -211,27 +211,6 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
         slots,
         searched_until: search.last_start,
     }
-}
-
-/// What decides whether a node without node reservations could take a request once
-/// nothing holds it: its units as a placement reads them (class, model, memory, NVLink
-/// grouping, sellable, labels; not their ids), its labels and its host resources, hashed.
-/// `None` for a node with node reservations, whose rights are its own.
-fn shape(node: &NodeCapacity) -> Option<u64> {
-    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
-    if !node.claims.is_empty() {
-        return None;
-    }
-    let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
-    let n = &node.node;
-    (n.host.vcpu, n.host.memory_gib, n.host.hugepages_1gi).hash(&mut hasher);
-    n.labels.hash(&mut hasher);
-    node.models().hash(&mut hasher);
-    for (slot, unit) in node.slots().iter().zip(&n.units) {
-        let place = (slot.sellable, slot.class, slot.model, slot.domain);
-        (place, slot.memory_gib, &unit.labels).hash(&mut hasher);
-    }
-    Some(hasher.finish())
 }
 
 /// The units `node` alone would give the request over `[start, start + duration)`.
@@ -961,6 +940,28 @@ mod tests {
             )),
             "{note}"
         );
+    }
+
+    #[test]
+    fn a_node_without_enough_free_units_in_one_nvlink_domain_is_not_offered_to_the_placer() {
+        let nodes = pool(vec![
+            // Three free in each domain.
+            node(
+                "split",
+                vec![booking("split", 0, 0, 2), booking("split", 7, 0, 2)],
+            ),
+            node_in_domains("whole", 8, Vec::new()),
+            node("free", Vec::new()),
+        ]);
+        let snapshot = Snapshot::of(nodes, "", 0, HOUR, 0);
+        let offered = |gpus: i64, nvlink_all: bool| -> Vec<u32> {
+            let offer = snapshot.candidates(&reservation(gpus, nvlink_all), false, None);
+            offer.candidates.nodes.iter().map(|n| n.id).collect()
+        };
+        assert_eq!(offered(8, true), [1], "only one domain of 8");
+        assert_eq!(offered(4, true), [1, 2], "split has three free in each domain");
+        assert_eq!(offered(4, false), [0, 1, 2]);
+        assert_eq!(offered(8, false), [1, 2], "split has six free");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use sqlx::AnyConnection;
 
 use super::store::Reservation;
-use super::{DeviceRequest, HostBooking};
+use super::{CreateRequest, DeviceRequest, HostBooking};
 use crate::capacity::{Booked, NodeCapacity, PoolList};
 use crate::inventory::nodes::Node;
 use crate::inventory::{DeviceClass, Unit, labels_match};
@@ -516,6 +516,7 @@ impl Snapshot {
             .sum();
         let mut window = NodeWindow::default();
         let mut usable: Vec<bool> = Vec::new();
+        let mut in_domain: Vec<usize> = Vec::new();
         let mut node_models: Vec<u32> = Vec::new();
         let mut loads: Vec<DomainLoad> = Vec::new();
         for n in (first..len).chain(0..first) {
@@ -558,7 +559,10 @@ impl Snapshot {
                 takeable += usize::from(ok);
                 usable.push(ok);
             }
-            if takeable == 0 || takeable < wanted {
+            if takeable == 0
+                || takeable < wanted
+                || !serves_each_device(request, capacity, &usable, &mut in_domain)
+            {
                 continue;
             }
             node_models.clear();
@@ -706,6 +710,8 @@ impl Snapshot {
             ..Census::default()
         };
         let mut window = NodeWindow::default();
+        // Free units per NVLink domain of the node being read (domains are numbered from 0).
+        let mut by_domain: Vec<usize> = Vec::new();
         for n in 0..self.nodes.len() {
             let capacity = &self.nodes[n];
             let node = capacity.node.as_ref();
@@ -728,9 +734,11 @@ impl Snapshot {
             for d in &r.request.devices {
                 let want = d.count.max(0) as usize;
                 let (mut matching, mut allowed, mut free) = (0, 0, 0);
-                let mut by_domain: BTreeMap<u32, usize> = BTreeMap::new();
+                by_domain.clear();
                 for (u, slot) in capacity.slots().iter().enumerate() {
-                    if !(slot.sellable && matches(d, &node.units[u], node)) {
+                    let serves = d.class == slot.class
+                        && (d.selector.is_none() || matches(d, &node.units[u], node));
+                    if !(slot.sellable && serves) {
                         continue;
                     }
                     matching += 1;
@@ -742,11 +750,14 @@ impl Snapshot {
                         continue;
                     }
                     free += 1;
-                    if let Some(domain) = slot.domain {
-                        *by_domain.entry(domain).or_default() += 1;
+                    if let Some(domain) = slot.domain.map(|d| d as usize) {
+                        if by_domain.len() <= domain {
+                            by_domain.resize(domain + 1, 0);
+                        }
+                        by_domain[domain] += 1;
                     }
                 }
-                let in_domain = by_domain.values().copied().max().unwrap_or(0);
+                let in_domain = by_domain.iter().copied().max().unwrap_or(0);
                 let failed = if matching < want {
                     0
                 } else if allowed < want {
@@ -829,6 +840,40 @@ fn matches(device: &DeviceRequest, unit: &Unit, node: &Node) -> bool {
                     .as_ref()
                     .is_none_or(|wanted| labels_match(wanted, &unit.labels, &node.labels))
         })
+}
+
+/// Whether the `usable` units of a node could serve each device entry of `request` on
+/// their own: enough of them match it and, for an entry that wants one NVLink domain, enough
+/// in one domain. A node that cannot is not offered: no choice on it passes [`check_choice`].
+/// `in_domain` is scratch space, reused across nodes.
+fn serves_each_device(
+    request: &CreateRequest,
+    capacity: &NodeCapacity,
+    usable: &[bool],
+    in_domain: &mut Vec<usize>,
+) -> bool {
+    let node = capacity.node.as_ref();
+    request.devices.iter().all(|d| {
+        let want = d.count.max(0) as usize;
+        let serving = (capacity.slots().iter().enumerate()).filter(|(u, slot)| {
+            usable[*u]
+                && d.class == slot.class
+                && (d.selector.is_none() || matches(d, &node.units[*u], node))
+        });
+        if !request.nvlink_all(d) {
+            return serving.count() >= want;
+        }
+        in_domain.clear();
+        for (_, slot) in serving {
+            if let Some(domain) = slot.domain.map(|d| d as usize) {
+                if in_domain.len() <= domain {
+                    in_domain.resize(domain + 1, 0);
+                }
+                in_domain[domain] += 1;
+            }
+        }
+        in_domain.iter().any(|n| *n >= want)
+    })
 }
 
 fn has_room(host: &crate::inventory::HostResources, used: HostBooking, want: HostBooking) -> bool {
