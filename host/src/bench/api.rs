@@ -441,7 +441,10 @@ async fn reads(tenant: &Api, admin: &Api, pool: &str, ids: &[String]) -> anyhow:
 /// retry does (the decision over the whole pool, why it waits and until when, the write)
 /// and more (the draft, the quota charge).
 async fn alone(server: &Server, tenant: &Api, pool: &str) -> anyhow::Result<()> {
-    for (name, topology) in [("placed (1 GPU)", "any"), ("waits (8 GPUs nvlink-all)", "nvlink-all")] {
+    for (name, topology) in [
+        ("placed (1 GPU)", "any"),
+        ("waits (8 GPUs nvlink-all)", "nvlink-all"),
+    ] {
         let gpus = if topology == "any" { 1 } else { 8 };
         let mut latencies = Vec::new();
         let mut cpu = 0.0;
@@ -456,7 +459,13 @@ async fn alone(server: &Server, tenant: &Api, pool: &str) -> anyhow::Result<()> 
             latencies.push(sent.elapsed());
             cpu += server.cpu_seconds()? - cpu_before;
             let state = created["state"].as_str().unwrap_or_default();
-            if state != (if topology == "any" { "placed" } else { "pending" }) {
+            if state
+                != (if topology == "any" {
+                    "placed"
+                } else {
+                    "pending"
+                })
+            {
                 bail!("create {name}: {created}");
             }
             let cancel = json!({ "tenantId": "tenant-a", "reservationId": created["id"] });

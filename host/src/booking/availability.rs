@@ -795,7 +795,9 @@ mod tests {
                 for m in &slot.members {
                     for t in [slot.start, slot.latest_start] {
                         assert!(
-                            m.unit_ids.iter().all(|u| free(by_id(&m.node_id), u, t, duration)),
+                            m.unit_ids
+                                .iter()
+                                .all(|u| free(by_id(&m.node_id), u, t, duration)),
                             "case {case}: {} free at {t}",
                             m.node_id
                         );
@@ -959,7 +961,11 @@ mod tests {
             offer.candidates.nodes.iter().map(|n| n.id).collect()
         };
         assert_eq!(offered(8, true), [1], "only one domain of 8");
-        assert_eq!(offered(4, true), [1, 2], "split has three free in each domain");
+        assert_eq!(
+            offered(4, true),
+            [1, 2],
+            "split has three free in each domain"
+        );
         assert_eq!(offered(4, false), [0, 1, 2]);
         assert_eq!(offered(8, false), [1, 2], "split has six free");
     }
