@@ -191,21 +191,25 @@ async fn spread(tenant: &Api, pool: &str, units: usize, clients: usize) -> anyho
 /// one at a time.
 async fn searches(tenant: &Api, pool: &str) -> anyhow::Result<()> {
     let shapes = [
-        ("8 GPUs nvlink-all", 8, true),
-        ("8 GPUs", 8, false),
-        ("4 GPUs nvlink-all", 4, true),
-        ("1 GPU", 1, false),
+        ("8 GPUs nvlink-all", 8, true, 1),
+        ("8 GPUs", 8, false, 1),
+        ("4 GPUs nvlink-all", 4, true, 1),
+        ("1 GPU", 1, false, 1),
+        ("a gang of 4 × 8 GPUs", 8, false, 4),
     ];
-    for (name, gpus, nvlink_all) in shapes {
+    for (name, gpus, nvlink_all, members) in shapes {
         let now = chrono::Utc::now().timestamp_millis();
         let mut device = json!({ "class": "gpu", "count": gpus });
         if nvlink_all {
             device["topology"] = json!("nvlink-all");
         }
-        let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [device], "duration": "24h",
+        let mut body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [device], "duration": "24h",
                            "window": { "from": now, "to": now + SPREAD_DAYS * 24 * HOUR_MS } });
+        if members > 1 {
+            body["gang"] = json!({ "size": members });
+        }
         let mut latencies = Vec::new();
-        let mut slots = 0;
+        let (mut slots, mut searched_days) = (0, 0.0);
         for _ in 0..50 {
             let sent = Instant::now();
             let answer = tenant
@@ -217,9 +221,11 @@ async fn searches(tenant: &Api, pool: &str) -> anyhow::Result<()> {
                 .await?;
             latencies.push(sent.elapsed());
             slots = answer["slots"].as_array().map_or(0, Vec::len);
+            let searched_until = answer["searchedUntil"].as_i64().unwrap_or(now);
+            searched_days = (searched_until - now) as f64 / (24 * HOUR_MS) as f64;
         }
         println!(
-            "  availability, {name} for 24 h over {SPREAD_DAYS} days: p50 {}, p99 {} ({slots} slots)",
+            "  availability, {name} for 24 h over {SPREAD_DAYS} days: p50 {}, p99 {} ({slots} slots, complete up to day {searched_days:.1})",
             ms(percentile(&mut latencies, 0.50)),
             ms(percentile(&mut latencies, 0.99))
         );
