@@ -174,7 +174,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        app.metrics.render(),
+        crate::metrics::scrape(&app).await,
     )
         .into_response()
 }

@@ -307,6 +307,94 @@ impl NodeCapacity {
     }
 }
 
+/// What holds a unit now, as the `orl_units` gauge counts it
+/// ([`NodeCapacity::unit_states`]). A unit takes the first of these that applies, so it
+/// counts in exactly one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnitState {
+    /// Its node is marked lost (whatever held the unit before).
+    Lost,
+    /// An active booking holds it now (spot work on a released unit included).
+    Booked,
+    /// A node reservation in its term holds it and has not released it (a needs-review
+    /// reservation holds every unit it names: it lets no one place).
+    Reserved,
+    /// A node reservation in its term holds it and released it to the spot market.
+    Released,
+    /// Nothing holds it now.
+    Free,
+}
+
+impl UnitState {
+    pub const ALL: [UnitState; 5] = [
+        UnitState::Lost,
+        UnitState::Booked,
+        UnitState::Reserved,
+        UnitState::Released,
+        UnitState::Free,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnitState::Lost => "lost",
+            UnitState::Booked => "booked",
+            UnitState::Reserved => "reserved",
+            UnitState::Released => "released",
+            UnitState::Free => "free",
+        }
+    }
+}
+
+impl NodeCapacity {
+    /// Calls `each` with every sellable unit of the node (as its [`Slot`]) and what holds
+    /// it at `now` ([`UnitState`]): one pass over the node's claims, bookings and units.
+    /// `scratch` is reused from one node to the next, so a pass over many nodes allocates
+    /// nothing per unit.
+    pub fn unit_states(
+        &self,
+        now: i64,
+        scratch: &mut Vec<UnitState>,
+        mut each: impl FnMut(&Slot, UnitState),
+    ) {
+        use crate::node_reservations::{Lifecycle, Status};
+        scratch.clear();
+        if self.lost {
+            scratch.resize(self.slots.len(), UnitState::Lost);
+        } else {
+            scratch.resize(self.slots.len(), UnitState::Free);
+            for (claim, units) in self.claims_by_unit() {
+                if claim.lifecycle == Lifecycle::Cancelled || !claim.term.contains(now) {
+                    continue;
+                }
+                let active = claim.status(now) == Status::Active;
+                for &u in units {
+                    let released = active
+                        && claim
+                            .released_unit_ids
+                            .iter()
+                            .any(|id| *id == self.node.units[u].id);
+                    // Released only while every claim on the unit released it.
+                    scratch[u] = match scratch[u] {
+                        UnitState::Reserved => UnitState::Reserved,
+                        _ if released => UnitState::Released,
+                        _ => UnitState::Reserved,
+                    };
+                }
+            }
+            for span in &self.spans {
+                if span.start_ms <= now && now < span.end_ms {
+                    scratch[span.unit as usize] = UnitState::Booked;
+                }
+            }
+        }
+        for (slot, state) in self.slots.iter().zip(scratch.iter()) {
+            if slot.sellable {
+                each(slot, *state);
+            }
+        }
+    }
+}
+
 /// What a decision reads of one unit, packed so that a pass over a pool's units stays in
 /// cache.
 #[derive(Clone, Copy, Debug)]
@@ -1329,6 +1417,79 @@ mod tests {
             start_ms: 0,
             end_ms: 100,
         }
+    }
+
+    fn claim(
+        units: &[&str],
+        released: &[&str],
+        lifecycle: crate::node_reservations::Lifecycle,
+    ) -> Record {
+        Record {
+            id: format!("nrsv_{}", units.join("")),
+            node_id: "n1".into(),
+            unit_ids: units.iter().map(|u| u.to_string()).collect(),
+            released_unit_ids: released.iter().map(|u| u.to_string()).collect(),
+            allowed_org_ids: vec!["anchor".into()],
+            managing_org_ids: vec![],
+            term: crate::node_reservations::Term {
+                starts_at: 0,
+                ends_at: Some(1_000),
+            },
+            lifecycle,
+            topology_gen: 0,
+            contract_ref: None,
+            reason: None,
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    fn states(capacity: &NodeCapacity, now: i64) -> Vec<UnitState> {
+        let mut scratch = Vec::new();
+        let mut out = Vec::new();
+        capacity.unit_states(now, &mut scratch, |_, state| out.push(state));
+        out
+    }
+
+    #[test]
+    fn each_unit_counts_in_one_state_booked_before_reserved_before_released() {
+        use crate::node_reservations::Lifecycle;
+        use UnitState::*;
+        // g0-g3 reserved with g0-g1 released; g1 booked (spot on a released unit); g2
+        // booked within the reservation; g4 booked; g5 free; g6 under a reservation that
+        // needs review, which releases nothing; g7 under a cancelled one.
+        let claims = vec![
+            claim(&["g0", "g1", "g2", "g3"], &["g0", "g1"], Lifecycle::Granted),
+            claim(&["g6"], &["g6"], Lifecycle::NeedsReview),
+            claim(&["g7"], &[], Lifecycle::Cancelled),
+        ];
+        let bookings = vec![booked("g1", "r1"), booked("g2", "r2"), booked("g4", "r3")];
+        let capacity = NodeCapacity::new(node(8), bookings.clone(), vec![], claims.clone());
+        assert_eq!(
+            states(&capacity, 50),
+            [
+                Released, Booked, Booked, Reserved, Booked, Free, Reserved, Free
+            ]
+        );
+        // Once the bookings end (at 100) they hold nothing; once the term ends (at 1000),
+        // neither do the reservations.
+        assert_eq!(
+            states(&capacity, 100),
+            [
+                Released, Released, Reserved, Reserved, Free, Free, Reserved, Free
+            ]
+        );
+        assert_eq!(states(&capacity, 1_000), [Free; 8]);
+        // A lost node's units are lost, whatever held them.
+        let mut lost = (*node(8)).clone();
+        lost.conditions.push(crate::booking::store::Condition {
+            kind: "NodeLost".into(),
+            reason: "Silent".into(),
+            message: String::new(),
+            since: 0,
+        });
+        let capacity = NodeCapacity::new(Arc::new(lost), bookings, vec![], claims);
+        assert_eq!(states(&capacity, 50), [Lost; 8]);
     }
 
     #[test]

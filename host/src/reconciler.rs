@@ -26,6 +26,7 @@ use crate::{App, Result, events};
 /// and never stops the others.
 pub async fn run_once(app: &App) -> Result<()> {
     let now = app.now_ms();
+    let started = std::time::Instant::now();
     // Node loss and held devices first, so the work list below sees what they ended.
     // Pools where capacity freed, with the nodes it freed on where they are known.
     let mut freed: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -35,7 +36,6 @@ pub async fn run_once(app: &App) -> Result<()> {
     for pool in binding::carry_held(app).await? {
         freed.entry(pool).or_default();
     }
-    let started = std::time::Instant::now();
     let work = {
         let mut conn = app.store.pool().acquire().await?;
         store::due(&mut conn, now, CONFIRMATION_WINDOW_MS).await?

@@ -1,11 +1,16 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::support::{Db, Options, Server, on_both_databases, register_node};
+use std::collections::{BTreeSet, HashMap};
+
+use crate::support::{Api, Db, Options, Server, T0, on_both_databases, register_node};
 
 on_both_databases!(
     healthz_answers_ok,
     metrics_count_requests_by_route_and_status,
+    metrics_gauge_each_unit_in_one_state_and_reservations_by_state,
+    metrics_time_each_policy_decision_by_plugin_and_world,
+    alert_rules_name_only_metrics_the_server_exports,
     openapi_describes_every_v1_route,
     demo_seeds_four_h100_nodes_and_prints_working_keys,
     demo_refuses_a_database_it_did_not_seed_and_changes_nothing,
@@ -34,6 +39,286 @@ async fn metrics_count_requests_by_route_and_status(db: Db) {
         "{text}"
     );
     assert!(text.contains(r#"orl_http_request_duration_seconds_count{method="PUT",route="/v1/orgs/{orgId}/provider/nodes/{nodeId}",status="201"} 1"#));
+}
+
+const MIN: i64 = 60_000;
+
+/// Samples of an exposition: `name{labels}` (as rendered) to value.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(series, value)| Some((series.to_string(), value.parse().ok()?)))
+        .collect()
+}
+
+async fn scrape(server: &Server) -> String {
+    let (status, text) = server.anonymous().get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    text.as_str().unwrap().to_string()
+}
+
+/// Creates a non-spot reservation of `gpus` GPUs for two hours from now.
+async fn book(api: &Api, pool: &str, tenant: &str, key: &str, gpus: i64) -> serde_json::Value {
+    let (status, r) = api
+        .post(
+            "/api/compute/reservations/create",
+            json!({ "tenantId": tenant, "poolId": pool, "devices": [{ "class": "gpu", "count": gpus }],
+                    "duration": "2h", "spot": false, "idempotencyKey": key }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    r
+}
+
+/// Pool `h100` of three 8-GPU nodes of `acme`: n3's agent polled once and then went
+/// silent, so it is lost; a node reservation gives n1-gpu0-5 to `anchor` and releases
+/// gpu0-3 to the spot market; `stranger` booked 8 GPUs (only n2 can hold them) and 1 (on
+/// n1's open gpu6-7), both active, and waits for 2 more (only one unit is left it may use).
+/// Answers the server, the pool id and the metrics scraped at T0 + 7 min.
+async fn loaded_platform(db: Db) -> (Server, String, String) {
+    let server = Server::start(db).await;
+    let acme = server.org_with_key("acme", "provider").await;
+    for node in ["n1", "n2", "n3"] {
+        register_node(&acme, "acme", node, 8).await;
+    }
+    let stranger = server.org_with_key("stranger", "member").await;
+    let broker = server.org_with_key("broker", "provider").await;
+    server.org_with_key("anchor", "member").await;
+    let admin = server.admin();
+    let (status, pool) = admin
+        .post(
+            "/v1/pools",
+            json!({ "name": "h100", "ownerOrgId": "acme", "nodeIds": ["n1", "n2", "n3"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{pool}");
+    let pool = pool["id"].as_str().unwrap().to_string();
+    let (status, offer) = admin
+        .post(
+            &format!("/v1/pools/{pool}/offers"),
+            json!({ "tenantId": "stranger", "quota": { "gpu": 16 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{offer}");
+
+    let (status, polled) = acme.get("/v1/nodes/n3/bindings").await;
+    assert_eq!(status, StatusCode::OK, "{polled}");
+    server.set_clock(T0 + 6 * MIN).await;
+    let (_, n3) = acme.get("/v1/nodes/n3").await;
+    assert!(n3["conditions"].to_string().contains("NodeLost"), "{n3}");
+
+    let units: Vec<String> = (0..6).map(|g| format!("n1-gpu{g}")).collect();
+    let (status, nr) = admin
+        .post(
+            "/v1/nodes/n1/reservations",
+            json!({ "unitIds": units, "allowedOrgIds": ["anchor"], "managingOrgIds": ["broker"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{nr}");
+    let (status, body) = broker
+        .post(
+            &format!(
+                "/v1/nodes/n1/reservations/{}/release",
+                nr["id"].as_str().unwrap()
+            ),
+            json!({ "unitIds": ["n1-gpu0", "n1-gpu1", "n1-gpu2", "n1-gpu3"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let eight = book(&stranger, &pool, "stranger", "k-8", 8).await;
+    assert_eq!(eight["state"], "placed", "{eight}");
+    assert_eq!(eight["placement"]["nodeId"], "n2");
+    let one = book(&stranger, &pool, "stranger", "k-1", 1).await;
+    assert_eq!(one["placement"]["nodeId"], "n1", "{one}");
+    let waiting = book(&stranger, &pool, "stranger", "k-2", 2).await;
+    assert_eq!(waiting["state"], "pending", "{waiting}");
+    // A pass activates the two placed ones and retries the pending one, in vain.
+    server.set_clock(T0 + 7 * MIN).await;
+    let text = scrape(&server).await;
+    (server, pool, text)
+}
+
+async fn metrics_gauge_each_unit_in_one_state_and_reservations_by_state(db: Db) {
+    let (_server, pool, text) = loaded_platform(db).await;
+    let samples = samples(&text);
+    let units = |state: &str| {
+        samples
+            .get(&format!(
+                r#"orl_units{{pool="{pool}",model="H100-SXM5-80GB",class="gpu",state="{state}"}}"#
+            ))
+            .copied()
+    };
+    // n3 lost; n2 booked whole and n1-gpu6 or 7 booked; n1-gpu0-3 released, gpu4-5
+    // reserved; the other of gpu6-7 free.
+    for (state, expected) in [
+        ("lost", 8.0),
+        ("booked", 9.0),
+        ("reserved", 2.0),
+        ("released", 4.0),
+        ("free", 1.0),
+    ] {
+        assert_eq!(units(state), Some(expected), "{state}\n{text}");
+    }
+    assert_eq!(
+        samples
+            .keys()
+            .filter(|k| k.starts_with("orl_units{"))
+            .count(),
+        5,
+        "one series per state: {text}"
+    );
+    let reservations = |state: &str| {
+        samples
+            .get(&format!(
+                r#"orl_compute_reservations{{pool="{pool}",state="{state}"}}"#
+            ))
+            .copied()
+    };
+    for (state, expected) in [
+        ("awaiting-confirmation", 0.0),
+        ("queued", 0.0),
+        ("pending", 1.0),
+        ("placed", 0.0),
+        ("binding", 0.0),
+        ("active", 2.0),
+        ("releasing", 0.0),
+    ] {
+        assert_eq!(reservations(state), Some(expected), "{state}\n{text}");
+    }
+    // The pending one was created at T0 + 6 min and scraped at T0 + 7 min.
+    assert_eq!(
+        samples.get(&format!(
+            r#"orl_oldest_pending_reservation_age_seconds{{pool="{pool}"}}"#
+        )),
+        Some(&60.0),
+        "{text}"
+    );
+    assert!(samples["orl_events_outbox_position"] > 0.0, "{text}");
+    assert!(samples.contains_key("orl_events_outbox_newest_age_seconds"));
+    assert!(samples["orl_db_pool_max_connections"] >= 1.0, "{text}");
+    let in_use = samples[r#"orl_db_pool_connections{state="in_use"}"#];
+    let idle = samples[r#"orl_db_pool_connections{state="idle"}"#];
+    assert!(
+        in_use + idle <= samples["orl_db_pool_max_connections"],
+        "{text}"
+    );
+    // Two passes ran (one per clock move); the last found moves due for a minute at most.
+    assert_eq!(
+        samples.get("orl_reconciler_pass_duration_seconds_count"),
+        Some(&2.0),
+        "{text}"
+    );
+    let lag = samples["orl_reconciler_lag_seconds"];
+    assert!((0.0..=60.0).contains(&lag), "{text}");
+}
+
+async fn metrics_time_each_policy_decision_by_plugin_and_world(db: Db) {
+    let (_server, _pool, text) = loaded_platform(db).await;
+    let samples = samples(&text);
+    // Every placer call is timed: the histogram counts as many as the decision counter,
+    // per plugin.
+    let mut decided: HashMap<&str, f64> = HashMap::new();
+    for (series, value) in &samples {
+        if let Some(labels) = series.strip_prefix("orl_policy_decisions_total{")
+            && labels.contains(r#"world="placer""#)
+        {
+            let plugin = labels.split('"').nth(1).unwrap();
+            *decided.entry(plugin).or_default() += value;
+        }
+    }
+    assert_eq!(decided.len(), 1, "one placer decided: {text}");
+    for (plugin, count) in decided {
+        assert!(plugin.starts_with("sha256:"), "{plugin}");
+        // Two placements, the pending one's first attempt and its retry.
+        assert!(count >= 4.0, "{text}");
+        let timed = format!(
+            r#"orl_policy_decision_duration_seconds_count{{plugin="{plugin}",world="placer"}}"#
+        );
+        assert_eq!(samples.get(&timed), Some(&count), "{text}");
+        let inf = format!(
+            r#"orl_policy_decision_duration_seconds_bucket{{le="+Inf",plugin="{plugin}",world="placer"}}"#
+        );
+        assert_eq!(samples.get(&inf), Some(&count), "{text}");
+    }
+    // No plugin failed; the failure counter is declared all the same.
+    assert!(
+        text.contains("# TYPE orl_policy_failures counter"),
+        "{text}"
+    );
+    assert!(!text.contains("orl_policy_failures_total{"), "{text}");
+}
+
+/// The metric names an expression reads: identifiers starting `orl_`.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("orl_") {
+        let before = rest[..at].chars().next_back();
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            names.push(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
+async fn alert_rules_name_only_metrics_the_server_exports(db: Db) {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/prometheus/alerts.yml");
+    let rules = std::fs::read_to_string(&path).unwrap();
+    // The shape Prometheus reads: groups, each rule an alert with one expression.
+    assert!(rules.lines().any(|l| l == "groups:"), "{rules}");
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    let exprs: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+        .collect();
+    assert_eq!(alerts.len(), exprs.len(), "{rules}");
+    for wanted in [
+        "OrlDown",
+        "OrlPendingReservationTooOld",
+        "OrlReconcilerLagging",
+        "OrlPolicyFailuresRising",
+        "OrlDatabasePoolSaturated",
+        "OrlUnitsLost",
+    ] {
+        assert!(alerts.contains(&wanted), "{wanted} missing");
+    }
+    assert!(rules.contains("up{job=\"orl\"} == 0"));
+
+    let (_server, _pool, text) = loaded_platform(db).await;
+    // What the server exports: each sample's name, and each declared family (a counter
+    // that has not counted yet has no sample) with the suffixes its samples take.
+    let mut exported: BTreeSet<String> = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(family) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|t| t.split(' ').next())
+        {
+            for suffix in ["", "_total", "_bucket", "_count", "_sum", "_created"] {
+                exported.insert(format!("{family}{suffix}"));
+            }
+        } else if !line.starts_with('#') {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            exported.insert(line[..end].to_string());
+        }
+    }
+    let mut named = BTreeSet::new();
+    for expr in &exprs {
+        named.extend(metric_names(expr));
+    }
+    assert!(named.len() >= 7, "{named:?}");
+    let unknown: Vec<&String> = named.iter().filter(|n| !exported.contains(*n)).collect();
+    assert!(unknown.is_empty(), "not exported: {unknown:?}");
 }
 
 async fn openapi_describes_every_v1_route(db: Db) {

@@ -492,6 +492,7 @@ pub(super) async fn judge_spending(
     let Spending { charge, budget } = spending;
     let world = crate::policy::World::SpendGuard;
     let guard = crate::policy::assignment::resolve(app, conn, at, &pool.id, world).await?;
+    let started = std::time::Instant::now();
     let outcome = tokio::task::block_in_place(|| {
         app.policy.spend(
             &guard.loaded,
@@ -504,10 +505,21 @@ pub(super) async fn judge_spending(
     let label = match &outcome {
         Ok(Ok(())) => "allowed",
         Ok(Err(_)) => "refused",
-        Err(failure) => failure.kind.as_str(),
+        Err(failure) => {
+            app.metrics.observe_policy_failure(
+                &guard.loaded.id,
+                "spend-guard",
+                failure.kind.as_str(),
+            );
+            failure.kind.as_str()
+        }
     };
-    app.metrics
-        .observe_decision(&guard.loaded.id, "spend-guard", label);
+    app.metrics.observe_decision(
+        &guard.loaded.id,
+        "spend-guard",
+        label,
+        started.elapsed().as_secs_f64(),
+    );
     match outcome {
         Ok(Ok(())) => Ok(()),
         Ok(Err(reason)) => Err(Error::SpendLimitReached(reason.chars().take(500).collect())),

@@ -94,6 +94,7 @@ pub(super) async fn victims(
     }
     let preemptor = assignment::resolve(app, conn, at, &pool.id, World::Preemptor).await?;
     let decide = |loaded: &crate::policy::Loaded| {
+        let started = std::time::Instant::now();
         let outcome = tokio::task::block_in_place(|| {
             app.policy.preempt(
                 loaded,
@@ -118,9 +119,15 @@ pub(super) async fn victims(
             Ok(Ok(ids)) if ids.is_empty() => "nothing",
             Ok(Ok(_)) => "preempted",
             Ok(Err(_)) => "unsatisfiable",
-            Err(failure) => failure.kind.as_str(),
+            Err(failure) => {
+                app.metrics
+                    .observe_policy_failure(&loaded.id, "preemptor", failure.kind.as_str());
+                failure.kind.as_str()
+            }
         };
-        app.metrics.observe_decision(&loaded.id, "preemptor", label);
+        let seconds = started.elapsed().as_secs_f64();
+        app.metrics
+            .observe_decision(&loaded.id, "preemptor", label, seconds);
         outcome
     };
     let (victims, decided_by) = match decide(&preemptor.loaded) {

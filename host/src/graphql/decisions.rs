@@ -77,10 +77,10 @@ mod tests {
     #[test]
     fn counts_are_read_from_the_decision_counter() {
         let metrics = Metrics::new();
-        metrics.observe_decision("sha256:ab", "placer", "placed");
-        metrics.observe_decision("sha256:ab", "placer", "placed");
-        metrics.observe_decision("sha256:ab", "placer", "trap");
-        metrics.observe_decision("sha256:cd", "spend-guard", "allow");
+        metrics.observe_decision("sha256:ab", "placer", "placed", 0.001);
+        metrics.observe_decision("sha256:ab", "placer", "placed", 0.001);
+        metrics.observe_decision("sha256:ab", "placer", "trap", 0.001);
+        metrics.observe_decision("sha256:cd", "spend-guard", "allow", 0.001);
         let counts = by_plugin(&metrics);
         let mut ab = counts["sha256:ab"].clone();
         ab.sort_by(|a, b| a.outcome.cmp(&b.outcome));

@@ -35,6 +35,7 @@ impl Placer for WasmPlacer {
         request: &PlacementRequest,
         candidates: &Candidates,
     ) -> Result<(Choice, String), Refusal> {
+        let started = std::time::Instant::now();
         let outcome = self
             .host
             .place(
@@ -54,20 +55,24 @@ impl Placer for WasmPlacer {
                     }),
                 Err(reason) => Ok(Err(reason)),
             });
+        let seconds = started.elapsed().as_secs_f64();
         match outcome {
             Ok(Ok(choice)) => {
                 self.metrics
-                    .observe_decision(&self.loaded.id, "placer", "placed");
+                    .observe_decision(&self.loaded.id, "placer", "placed", seconds);
                 Ok((choice, self.loaded.id.clone()))
             }
             Ok(Err(reason)) => {
                 self.metrics
-                    .observe_decision(&self.loaded.id, "placer", "unschedulable");
+                    .observe_decision(&self.loaded.id, "placer", "unschedulable", seconds);
                 Err(Refusal::Unschedulable(reason.chars().take(500).collect()))
             }
             Err(failure) => {
+                let kind = failure.kind.as_str();
                 self.metrics
-                    .observe_decision(&self.loaded.id, "placer", failure.kind.as_str());
+                    .observe_decision(&self.loaded.id, "placer", kind, seconds);
+                self.metrics
+                    .observe_policy_failure(&self.loaded.id, "placer", kind);
                 tracing::warn!(plugin = %failure.plugin_id, kind = failure.kind.as_str(), message = %failure.message, "placement plugin failed");
                 if self.fallback {
                     let (choice, native) = NativeDefault.place(request, candidates)?;
