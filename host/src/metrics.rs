@@ -191,7 +191,7 @@ impl Metrics {
         let outbox_position = Gauge::default();
         registry.register(
             "events_outbox_position",
-            "Position (seq) of the newest event in the outbox. Events are written in the transaction of the change they describe and read by cursor, so none ever waits to be published; nothing is deleted, so this grows with every event written (rate() is events per second)",
+            "Position (seq) of the newest event in the outbox. Events are written in the transaction of the change they describe and read by cursor, so none ever waits to be published; nothing is deleted, so it grows with every event written (deriv() is events written per second)",
             outbox_position.clone(),
         );
         let outbox_newest_age = Seconds::default();

@@ -10,7 +10,7 @@ on_both_databases!(
     metrics_count_requests_by_route_and_status,
     metrics_gauge_each_unit_in_one_state_and_reservations_by_state,
     metrics_time_each_policy_decision_by_plugin_and_world,
-    alert_rules_name_only_metrics_the_server_exports,
+    alert_rules_and_dashboard_name_only_metrics_the_server_exports,
     openapi_describes_every_v1_route,
     demo_seeds_four_h100_nodes_and_prints_working_keys,
     demo_refuses_a_database_it_did_not_seed_and_changes_nothing,
@@ -268,7 +268,7 @@ fn metric_names(expr: &str) -> Vec<String> {
     names
 }
 
-async fn alert_rules_name_only_metrics_the_server_exports(db: Db) {
+async fn alert_rules_and_dashboard_name_only_metrics_the_server_exports(db: Db) {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/prometheus/alerts.yml");
     let rules = std::fs::read_to_string(&path).unwrap();
@@ -317,6 +317,27 @@ async fn alert_rules_name_only_metrics_the_server_exports(db: Db) {
         named.extend(metric_names(expr));
     }
     assert!(named.len() >= 7, "{named:?}");
+    // The dashboard: valid JSON, its data source a template variable, and what its panels
+    // query.
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/grafana/orl.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    assert!(
+        variables
+            .iter()
+            .any(|v| v["type"] == "datasource" && v["query"] == "prometheus")
+    );
+    let mut queried = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            assert_eq!(target["datasource"]["uid"], "${datasource}", "{target}");
+            named.extend(metric_names(target["expr"].as_str().unwrap()));
+            queried += 1;
+        }
+    }
+    assert!(queried >= 15, "{dashboard}");
     let unknown: Vec<&String> = named.iter().filter(|n| !exported.contains(*n)).collect();
     assert!(unknown.is_empty(), "not exported: {unknown:?}");
 }
