@@ -653,26 +653,32 @@ mod tests {
         }
     }
 
+    /// `count` nodes (`n0`, …) whose units are each booked from a random hour in the first
+    /// six, then again after a gap with probability `busy`, until 48 h.
+    fn random_nodes(rng: &mut StdRng, count: usize, busy: f64) -> Vec<Arc<NodeCapacity>> {
+        (0..count)
+            .map(|n| {
+                let id = format!("n{n}");
+                let mut bookings = Vec::new();
+                for unit in 0..8 {
+                    let mut at = rng.random_range(0..6);
+                    while at < 48 && rng.random_bool(busy) {
+                        let end = at + rng.random_range(1..12);
+                        bookings.push(booking(&id, unit, at, end));
+                        at = end + rng.random_range(0..6);
+                    }
+                }
+                node(&id, bookings)
+            })
+            .collect()
+    }
+
     #[test]
     fn every_nodes_earliest_start_matches_a_brute_force_search() {
         let mut rng = StdRng::seed_from_u64(17);
         for case in 0..200 {
             let count = rng.random_range(1..6);
-            let nodes: Vec<Arc<NodeCapacity>> = (0..count)
-                .map(|n| {
-                    let id = format!("n{n}");
-                    let mut bookings = Vec::new();
-                    for unit in 0..8 {
-                        let mut at = rng.random_range(0..6);
-                        while at < 48 && rng.random_bool(0.7) {
-                            let end = at + rng.random_range(1..12);
-                            bookings.push(booking(&id, unit, at, end));
-                            at = end + rng.random_range(0..6);
-                        }
-                    }
-                    node(&id, bookings)
-                })
-                .collect();
+            let nodes = random_nodes(&mut rng, count, 0.7);
             let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
             let nvlink_all = gpus <= 4 && rng.random_bool(0.5);
             let duration = rng.random_range(1..10) * HOUR;
@@ -751,21 +757,8 @@ mod tests {
     fn every_start_a_gang_fits_at_is_a_slot_or_inside_the_slot_before_it() {
         let mut rng = StdRng::seed_from_u64(23);
         for case in 0..100 {
-            let nodes: Vec<Arc<NodeCapacity>> = (0..rng.random_range(2..6))
-                .map(|n| {
-                    let id = format!("n{n}");
-                    let mut bookings = Vec::new();
-                    for unit in 0..8 {
-                        let mut at = rng.random_range(0..6);
-                        while at < 48 && rng.random_bool(0.6) {
-                            let end = at + rng.random_range(1..12);
-                            bookings.push(booking(&id, unit, at, end));
-                            at = end + rng.random_range(0..6);
-                        }
-                    }
-                    node(&id, bookings)
-                })
-                .collect();
+            let count = rng.random_range(2..6);
+            let nodes = random_nodes(&mut rng, count, 0.6);
             let size = rng.random_range(2..=3);
             let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
             let nvlink_all = gpus <= 4 && rng.random_bool(0.5);
