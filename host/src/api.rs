@@ -104,6 +104,7 @@ pub fn router(app: Arc<App>) -> Router {
     .route("/healthz", get(healthz))
     .route("/metrics", get(metrics))
     .merge(crate::graphql::router(app.clone()))
+    .merge(crate::dashboard::router())
     .fallback(|| async { Error::NotFound("no such route".into()) })
     .method_not_allowed_fallback(|| async { error::method_not_allowed() })
     .layer(DefaultBodyLimit::max(MAX_JSON_BODY))

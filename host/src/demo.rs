@@ -155,6 +155,7 @@ pool {POOL_NAME} ({pool_id}) of the four nodes, offered to {TENANT_ORG} with a q
   tenant key:           {tenant}
 
 Try:
+  # the capacity dashboard: open {url}/ in a browser and sign in with one of the keys above
   # the provider's nodes
   curl -s -H 'Authorization: Bearer {provider}' {url}/v1/orgs/{PROVIDER_ORG}/provider/nodes
   # re-send a node's inventory unchanged: same topologyGen

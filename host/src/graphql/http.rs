@@ -1,4 +1,5 @@
-//! `/graphql` over HTTP: POST runs queries and mutations, GET serves GraphiQL, and a GET
+//! `/graphql` over HTTP: POST runs queries and mutations, GET serves GraphiQL (embedded,
+//! [`crate::dashboard`]), and a GET
 //! that upgrades to WebSocket runs subscriptions. Every operation authenticates with the
 //! REST API's Bearer key: in the `Authorization` header, or for WebSocket in the
 //! `connection_init` payload (`{"Authorization": "Bearer …"}`).
@@ -6,12 +7,12 @@
 use std::sync::Arc;
 
 use async_graphql::Data;
-use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, GraphiQLSource, MultipartOptions};
+use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, MultipartOptions};
 use async_graphql_axum::{GraphQLProtocol, GraphQLResponse, GraphQLWebSocket};
 use axum::extract::{DefaultBodyLimit, FromRequestParts as _, Request, State, WebSocketUpgrade};
 use axum::http;
 use axum::http::{StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 
@@ -109,13 +110,7 @@ async fn page_or_socket(
 ) -> Response {
     let (mut parts, _) = request.into_parts();
     if !parts.headers.contains_key(header::UPGRADE) {
-        return Html(
-            GraphiQLSource::build()
-                .endpoint(PATH)
-                .subscription_endpoint(PATH)
-                .finish(),
-        )
-        .into_response();
+        return crate::dashboard::graphiql(&parts.headers);
     }
     let protocol = match GraphQLProtocol::from_request_parts(&mut parts, &app).await {
         Ok(protocol) => protocol,

@@ -7,12 +7,13 @@ use async_graphql::{Context, Object, Result};
 use super::error::invalid_json;
 use super::types::{
     AuditEntry, Availability, Catalog, ComputeReservation, Earnings, Event, Node, NodeReservation,
-    Offer, Plan, Plugin, Pool, Viewer,
+    Offer, Plan, Plugin, Pool, PoolCapacity, TimelineRow, TimelineWindow, Viewer,
 };
 use super::{app, caller, limits, page};
 use crate::booking::State;
 use crate::booking::lifecycle::{self, ReservationRef};
 use crate::booking::list::{self, ListInput, Scope};
+use crate::fleet::{counts, timeline};
 use crate::iam::{OPS_ORG, Permission};
 use crate::inventory::nodes;
 use crate::node_reservations::queries;
@@ -223,6 +224,68 @@ impl Query {
         }
         let found = catalog::page(app(ctx), caller, &org_id, after.as_deref(), first).await?;
         Ok(found.into())
+    }
+
+    /// A pool's nodes over `[from, to)` (epoch ms; by default 24 hours back to 7 days
+    /// ahead, at most 31 days), one row per node by id: its sellable units (only those of
+    /// `model` when given), the bookings the caller sees and the node reservation terms
+    /// behind them. `node` keeps nodes whose id contains it. Bookings of other tenants show
+    /// only to platform operators and, without their holder, to the node's owner.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    #[allow(clippy::too_many_arguments)]
+    async fn timeline(
+        &self,
+        ctx: &Context<'_>,
+        pool_id: String,
+        from: Option<i64>,
+        to: Option<i64>,
+        model: Option<String>,
+        node: Option<String>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, TimelineRow, TimelineWindow>> {
+        let now = app(ctx).now_ms();
+        let after_given = after.is_some();
+        let (from, to) = (
+            from.unwrap_or(now - 24 * 3_600_000),
+            to.unwrap_or(now + 7 * 24 * 3_600_000),
+        );
+        let query = timeline::Query {
+            pool_id,
+            from,
+            to,
+            model,
+            node,
+            first: limits::page_size(first)?,
+            after,
+        };
+        let found = timeline::page(app(ctx), caller(ctx)?, query).await?;
+        let mut connection = Connection::with_additional_fields(
+            after_given,
+            found.has_next,
+            TimelineWindow {
+                total_count: found.total as i64,
+                from,
+                to,
+                now,
+            },
+        );
+        connection.edges.extend(found.rows.into_iter().map(|row| {
+            async_graphql::connection::Edge::new(row.node_id.clone(), TimelineRow::from(row))
+        }));
+        Ok(connection)
+    }
+
+    /// Sellable units by pool and model, counted by what holds them now and every 6 hours
+    /// for the next 7 days, with their utilization over the last 24 hours: every pool the
+    /// caller sees, or only `poolId`.
+    async fn capacity(
+        &self,
+        ctx: &Context<'_>,
+        pool_id: Option<String>,
+    ) -> Result<Vec<PoolCapacity>> {
+        let found = counts::pools(app(ctx), caller(ctx)?, pool_id.as_deref()).await?;
+        Ok(found.into_iter().map(PoolCapacity::from).collect())
     }
 
     /// What a provider org earned, as `GET /v1/orgs/{orgId}/provider/earnings` shows it:

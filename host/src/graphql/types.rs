@@ -3,12 +3,14 @@
 
 mod activity;
 mod earnings;
+mod fleet;
 mod inventory;
 mod pools;
 mod reservations;
 
 pub use activity::{AuditEntry, Event, Viewer};
 pub use earnings::Earnings;
+pub use fleet::{PoolCapacity, TimelineRow, TimelineWindow};
 pub(super) use inventory::Booking;
 pub use inventory::Node;
 pub use pools::{Offer, Plugin, Pool};

@@ -8,7 +8,7 @@ use async_graphql::{ComplexObject, Context, Json, Result, SimpleObject};
 use super::{api_name, json};
 use crate::graphql::decisions::{self, DecisionCount};
 use crate::graphql::{app, caller};
-use crate::policy::{assignment, registry};
+use crate::policy::{World, assignment, registry};
 use crate::pools::store;
 
 /// A set of nodes offered together.
@@ -55,6 +55,54 @@ impl Pool {
             .await?
             .into())
     }
+
+    /// Who decides each policy here — the plugin assigned, or the built-in default — with
+    /// its decisions on this server since it started (across every pool it serves).
+    async fn deciders(&self, ctx: &Context<'_>) -> Result<Vec<Decider>> {
+        let app = app(ctx);
+        let assigned = assignment::get(app, caller(ctx)?, &self.id).await?;
+        let mut counts = decisions::by_plugin(&app.metrics);
+        let kinds = [
+            ("placement", World::Placer, assigned.placement),
+            ("preemption", World::Preemptor, assigned.preemption),
+            ("spend-limit", World::SpendGuard, assigned.spend_limit),
+        ];
+        Ok(kinds
+            .into_iter()
+            .map(|(kind, world, plugin)| {
+                let built_in = plugin.is_none();
+                let plugin_id = plugin
+                    .or_else(|| app.policy.default_for(world).map(|l| l.id.clone()))
+                    .unwrap_or_default();
+                let counted = counts.remove(&plugin_id).unwrap_or_default();
+                Decider {
+                    kind: kind.to_string(),
+                    world: world.as_str().to_string(),
+                    built_in,
+                    decision_count: counted.iter().map(|d| d.count).sum(),
+                    failure_count: counted.iter().filter(|d| d.failed()).map(|d| d.count).sum(),
+                    plugin_id,
+                }
+            })
+            .collect())
+    }
+}
+
+/// The plugin that decides one kind of policy in a pool.
+#[derive(SimpleObject)]
+pub struct Decider {
+    /// `placement`, `preemption` or `spend-limit`.
+    pub kind: String,
+    /// The plugin's world: `placer`, `preemptor` or `spend-guard`.
+    pub world: String,
+    /// `sha256:<hex>` of the component.
+    pub plugin_id: String,
+    /// The default shipped inside the binary (the pool assigns none).
+    pub built_in: bool,
+    /// Its decisions on this server since it started.
+    pub decision_count: i64,
+    /// How many of them failed (trap, deadline, memory cap, invalid answer).
+    pub failure_count: i64,
 }
 
 /// A pool made available to a tenant.
