@@ -213,7 +213,7 @@ export class TimelineCanvas {
       c.fillRect(106, y + (row.firstInDomain ? 3 : 0), 2, UNIT_ROW - (row.firstInDomain ? 3 : 0) - (row.lastInDomain ? 3 : 0));
     }
     c.fillStyle = "#1d2433";
-    c.fillText(clip(c, row.unit.id, GUTTER - 124), 114, y + UNIT_ROW / 2);
+    c.fillText(clip(c, unitLabel(row), GUTTER - 124), 114, y + UNIT_ROW / 2);
     // Node reservation terms: bands behind the bookings.
     for (const band of row.bands) {
       const x0 = Math.max(GUTTER, this.x(band.startsAt));
@@ -470,6 +470,15 @@ export class TimelineCanvas {
     tip.style.left = `${Math.max(0, left)}px`;
     tip.style.top = `${y + 16}px`;
   }
+}
+
+/** A unit's id without its node's id in front (`h100-1-gpu3` on `h100-1` is `gpu3`). */
+function unitLabel(row) {
+  const id = row.unit.id;
+  const node = row.node.nodeId;
+  return id.length > node.length + 1 && id.startsWith(node) && /[-_.:/]/.test(id[node.length])
+    ? id.slice(node.length + 1)
+    : id;
 }
 
 /** Text that fits `max` px. */
