@@ -28,6 +28,8 @@ pub struct App {
     /// Pools' settings, offers' terms, IAM policies and plugin assignments, in memory
     /// ([`crate::settings`]).
     pub settings: crate::settings::Settings,
+    /// This process's id among the replicas serving the database ([`crate::replicas`]).
+    pub replica: String,
 }
 
 impl App {
@@ -42,6 +44,7 @@ impl App {
         Arc::new(App {
             capacity: crate::capacity::View::new(&store),
             settings: crate::settings::Settings::default(),
+            replica: crate::ids::new_id("rep", clock.now_ms()),
             store,
             clock,
             metrics: Arc::new(Metrics::new()),

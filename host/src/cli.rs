@@ -122,6 +122,9 @@ pub enum ClientCommand {
         #[command(flatten)]
         page: Paging,
     },
+    /// How the platform's servers are doing: version, database, the replicas seen,
+    /// the reconciler's lag and the policy plugins' failures (platform operators).
+    Status,
     /// Events the caller's org may see, oldest first.
     Events {
         /// Only events after this id (the `more: --after` of the previous page).
@@ -343,6 +346,7 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
         }
         ClientCommand::Iam(command) => iam::run_iam(&client, command).await?,
         ClientCommand::Confirmations(command) => iam::run_confirmations(&client, command).await?,
+        ClientCommand::Status => (client.get("/v1/status").await?, render::status),
         ClientCommand::Catalog { org, page } => (
             client
                 .get(&page.on(format!("/v1/orgs/{org}/catalog")))

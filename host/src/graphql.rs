@@ -9,7 +9,7 @@
 //! ([`limits`]), so are size, nesting and fan-out before parsing and validation
 //! ([`guard`]), and per-node data loads in batches ([`loaders`]).
 
-mod decisions;
+pub(crate) mod decisions;
 mod error;
 mod guard;
 mod http;

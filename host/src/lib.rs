@@ -29,6 +29,7 @@ pub mod node_reservations;
 pub mod policy;
 pub mod pools;
 pub mod reconciler;
+pub mod replicas;
 pub mod serve;
 pub mod settings;
 pub mod spot;

@@ -109,6 +109,8 @@ pub struct Metrics {
     reconciler_pass: Histogram,
     reconciler_due: Gauge,
     reconciler_lag: Seconds,
+    /// When the last reconciler pass ended, wall-clock epoch milliseconds (0: none yet).
+    reconciler_last_pass_ms: std::sync::atomic::AtomicI64,
     units: Family<UnitLabels, Gauge>,
     reservations: Family<ReservationLabels, Gauge>,
     oldest_pending: Family<PoolLabels, Seconds>,
@@ -228,6 +230,7 @@ impl Metrics {
             reconciler_pass,
             reconciler_due,
             reconciler_lag,
+            reconciler_last_pass_ms: Default::default(),
             units,
             reservations,
             oldest_pending,
@@ -279,6 +282,22 @@ impl Metrics {
         self.reconciler_pass.observe(seconds);
         self.reconciler_due.set(due as i64);
         self.reconciler_lag.set(lag_ms.max(0) as f64 / 1000.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        (self.reconciler_last_pass_ms).store(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The last reconciler pass as [`Metrics::observe_reconciler_pass`] recorded it: when
+    /// it ended (wall-clock epoch milliseconds; `None` before the first), how many
+    /// reservations were due, and the seconds the oldest of them had been due.
+    pub fn reconciler(&self) -> (Option<i64>, i64, f64) {
+        let last = (self.reconciler_last_pass_ms).load(std::sync::atomic::Ordering::Relaxed);
+        (
+            (last > 0).then_some(last),
+            self.reconciler_due.get(),
+            self.reconciler_lag.get(),
+        )
     }
 
     /// The Prometheus text exposition of every metric, live gauges as the last [`scrape`]

@@ -128,6 +128,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         i64::try_from(args.node_lost_after.as_millis()).unwrap_or(i64::MAX),
     );
     let generated = bootstrap(&app, admin_key.as_deref()).await?;
+    crate::replicas::join(&app).await?;
+    crate::replicas::spawn_heartbeat(app.clone());
     if let Some(secret) = &generated {
         eprintln!(
             "orl: created the platform ops org and its admin key (shown once, also in {}):\n  {secret}",
@@ -170,6 +172,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await
     .context("serving HTTP")?;
+    if let Err(err) = crate::replicas::leave(&app).await {
+        tracing::warn!(error = %err, "taking this replica off the list");
+    }
     app.store.close().await;
     tracing::info!("stopped");
     Ok(())

@@ -67,6 +67,7 @@ on_both_databases!(
     the_cli_takes_a_url_without_a_scheme_and_says_when_no_server_answers,
     the_cli_uploads_lists_gets_and_deletes_a_plugin,
     setting_one_pool_policy_from_the_cli_keeps_the_others,
+    the_cli_builds_a_request_from_its_flags_and_takes_a_pool_by_name,
 );
 
 async fn the_cli_takes_a_url_without_a_scheme_and_says_when_no_server_answers(db: Db) {
@@ -861,4 +862,75 @@ async fn with_orl_log_format_json_every_server_log_line_is_a_json_object() {
         (&json!("INFO"), &json!("Sqlite")),
         "the event's fields are members of the line: {ready}"
     );
+}
+
+async fn the_cli_builds_a_request_from_its_flags_and_takes_a_pool_by_name(db: Db) {
+    let server = Server::start(db).await;
+    let (_, tenant) = provider_and_tenant(&server).await;
+    let tenant = &tenant;
+    let pool = pool_offered_to_tenant(&server).await;
+
+    // By name wherever an id is taken.
+    let got = orl_json(&server, &server.admin, &words("pools get h100")).await;
+    assert_eq!(got["id"], pool.as_str());
+    let missing = orl_fails(&server, tenant, &words("pools get h200")).await;
+    assert!(missing.contains("no pool named \"h200\""), "{missing}");
+    // Memory above the pool's per-GPU share is charged to the memoryGiB quota.
+    let offer = "pools offer h100 --tenant tenant-a --quota gpu=8,vcpu=64,memoryGiB=1024";
+    let offer = orl_json(&server, &server.admin, &words(offer)).await;
+    assert_eq!(offer["poolId"], pool.as_str(), "{offer}");
+
+    let create = "compute reservations create --tenant tenant-a --pool h100 --count 2 \
+                  --class gpu --model H100-SXM5-80GB --label rack=r9 --label zone=a --nvlink-all \
+                  --binding hold --vcpu 40 --memory-gib 64 --hugepages 2 --duration 1h \
+                  --idempotency-key flags-1";
+    let created = orl_json(&server, tenant, &words(create)).await;
+    assert_eq!(created["poolId"], pool.as_str(), "{created}");
+    assert_eq!(
+        created["request"]["devices"],
+        json!([{
+            "class": "gpu",
+            "count": 2,
+            "selector": { "model": "H100-SXM5-80GB", "labels": { "rack": "r9", "zone": "a" } },
+            "topology": "nvlink-all",
+        }]),
+        "{created}"
+    );
+    assert_eq!(created["request"]["binding"], "hold", "{created}");
+    assert_eq!(
+        created["request"]["resources"],
+        json!({ "vcpu": 40, "memoryGiB": 64, "hugepages1Gi": 2 }),
+        "{created}"
+    );
+    // No unit of n1 carries the labels: it waits, and says which constraint it fails.
+    assert_eq!(created["state"], "pending", "{created}");
+    let why = created["conditions"].to_string();
+    assert!(why.contains("matching the request"), "{why}");
+
+    let gang = "compute reservations create --tenant tenant-a --pool h100 --gpus 1 \
+                --gang 2 --topology-key region --duration 1h --idempotency-key flags-2";
+    let created = orl_json(&server, tenant, &words(gang)).await;
+    assert_eq!(
+        created["request"]["gang"],
+        json!({ "size": 2, "topologyKey": "region" })
+    );
+    let listed = orl_json(
+        &server,
+        tenant,
+        &words("compute reservations list --tenant tenant-a --pool h100"),
+    )
+    .await;
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+
+    let refused = orl_fails(
+        &server,
+        tenant,
+        &words("compute reservations create --tenant tenant-a --pool h100 --gpus 1 --label rack"),
+    )
+    .await;
+    assert!(refused.contains("is not key=value"), "{refused}");
 }

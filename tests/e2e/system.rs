@@ -14,6 +14,7 @@ on_both_databases!(
     openapi_describes_every_v1_route,
     demo_seeds_four_h100_nodes_and_prints_working_keys,
     demo_refuses_a_database_it_did_not_seed_and_changes_nothing,
+    status_names_the_database_the_replicas_seen_and_each_plugins_decisions,
 );
 
 async fn healthz_answers_ok(db: Db) {
@@ -495,4 +496,68 @@ fn banner_value(banner: &str, label: &str) -> String {
         .unwrap_or_else(|| panic!("{label} not in banner:\n{banner}"))
         .trim()
         .to_string()
+}
+
+async fn status_names_the_database_the_replicas_seen_and_each_plugins_decisions(db: Db) {
+    let (server, _pool, text) = loaded_platform(db).await;
+    let (code, status) = server.admin().get("/v1/status").await;
+    assert_eq!(code, StatusCode::OK, "{status}");
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    let database = match db {
+        Db::Sqlite => "sqlite",
+        Db::Postgres => "postgresql",
+    };
+    assert_eq!(status["database"], database);
+    let me = status["replica"].as_str().unwrap().to_string();
+    assert!(me.starts_with("rep_"), "{status}");
+    let ids = |status: &serde_json::Value| -> Vec<String> {
+        (status["replicas"].as_array().unwrap().iter())
+            .map(|r| r["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&status), vec![me.clone()], "{status}");
+    assert_eq!(status["replicas"][0]["version"], env!("CARGO_PKG_VERSION"));
+    // The placer's decisions, as the metrics count them, and no failure.
+    let decided: f64 = samples(&text)
+        .iter()
+        .filter(|(series, _)| {
+            series.starts_with("orl_policy_decisions_total{")
+                && series.contains(r#"world="placer""#)
+        })
+        .map(|(_, v)| v)
+        .sum();
+    let plugins = status["plugins"].as_array().unwrap();
+    let placer: Vec<_> = plugins.iter().filter(|p| p["world"] == "placer").collect();
+    assert_eq!(placer.len(), 1, "{status}");
+    assert!(
+        placer[0]["pluginId"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    assert!(
+        placer[0]["decisions"].as_f64().unwrap() >= decided,
+        "{status} {text}"
+    );
+    assert_eq!(placer[0]["failures"], 0, "{status}");
+    assert!(status["reconciler"]["lagSeconds"].is_number(), "{status}");
+
+    // Operators only: a stranger is asked for a key, another org's admin finds nothing.
+    let (code, _) = server.anonymous().get("/v1/status").await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let other = server.org_with_key("other", "admin").await;
+    let (code, body) = other.get("/v1/status").await;
+    assert_eq!(code, StatusCode::NOT_FOUND, "{body}");
+
+    if db == Db::Postgres {
+        // A second replica on the database: each lists both, and one that stops is gone.
+        let mut replica = server.replica().await;
+        let (_, seen) = server.admin().on(&replica).get("/v1/status").await;
+        let theirs = seen["replica"].as_str().unwrap().to_string();
+        assert_ne!(theirs, me);
+        assert_eq!(ids(&seen), vec![me.clone(), theirs.clone()], "{seen}");
+        assert!(replica.stop().await, "the replica stops cleanly");
+        let (_, after) = server.admin().get("/v1/status").await;
+        assert_eq!(ids(&after), vec![me], "{after}");
+    }
 }

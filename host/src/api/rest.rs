@@ -11,6 +11,7 @@ mod orgs;
 mod plugins;
 mod pools;
 mod spot;
+mod status;
 
 use std::sync::Arc;
 
@@ -39,6 +40,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .merge(iam::router())
         .merge(events::router())
         .merge(spot::router())
+        .merge(status::router())
         .merge(crate::api::rpc::router())
 }
 

@@ -36,6 +36,28 @@ impl Client {
         })
     }
 
+    /// The id of the pool `pool` names: an id (`pool_…`) as it is, or the name of exactly
+    /// one of the pools the key sees.
+    pub async fn pool_id(&self, pool: &str) -> anyhow::Result<String> {
+        if pool.starts_with("pool_") {
+            return Ok(pool.to_string());
+        }
+        let pools = self.get("/v1/pools").await?;
+        let named: Vec<&str> = (pools.as_array().into_iter().flatten())
+            .filter(|p| p["name"] == pool)
+            .filter_map(|p| p["id"].as_str())
+            .collect();
+        match named.as_slice() {
+            [id] => Ok(id.to_string()),
+            [] => Err(anyhow!("no pool named {pool:?} is visible to this key")),
+            ids => Err(anyhow!(
+                "{} pools are named {pool:?} ({}): give the id",
+                ids.len(),
+                ids.join(", ")
+            )),
+        }
+    }
+
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
         self.send(Method::GET, path, Body::None).await
     }

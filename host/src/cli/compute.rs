@@ -53,18 +53,11 @@ pub struct CreateArgs {
     /// The tenant org that books.
     #[arg(long, required_unless_present = "request_file")]
     tenant: Option<String>,
-    /// The pool id (`pool_…`).
+    /// The pool: its id (`pool_…`) or its name.
     #[arg(long, required_unless_present = "request_file")]
     pool: Option<String>,
-    /// How many whole GPUs.
-    #[arg(long, required_unless_present = "request_file")]
-    gpus: Option<i64>,
-    /// Exact GPU model, e.g. H100-SXM5-80GB.
-    #[arg(long)]
-    model: Option<String>,
-    /// All GPUs in one NVLink domain.
-    #[arg(long)]
-    nvlink_all: bool,
+    #[command(flatten)]
+    shape: Shape,
     /// Window length: seconds, or e.g. 90m, 2h, 1d.
     #[arg(long, default_value = "1h")]
     duration: String,
@@ -89,8 +82,92 @@ pub struct CreateArgs {
     plan: bool,
     /// Send this CreateRequest (JSON, `-` for stdin) instead of one built from the flags;
     /// --idempotency-key and --wait-ms still apply.
-    #[arg(long, conflicts_with_all = ["tenant", "pool", "gpus", "model", "nvlink_all", "duration", "start", "lease_seconds", "spot"])]
+    #[arg(long, conflicts_with_all = ["tenant", "pool", "count", "class", "model", "labels", "nvlink_all", "binding", "gang", "topology_key", "vcpu", "memory_gib", "hugepages", "duration", "start", "lease_seconds", "spot"])]
     request_file: Option<PathBuf>,
+}
+
+/// What a request asks for, as flags: one device entry, how it is bound, a gang, host
+/// resources.
+#[derive(Debug, Args)]
+pub struct Shape {
+    /// How many devices of --class (whole GPUs by default), 1-64.
+    #[arg(
+        long = "gpus",
+        visible_alias = "count",
+        id = "count",
+        required_unless_present = "request_file"
+    )]
+    count: Option<i64>,
+    /// The device class.
+    #[arg(long, default_value = "gpu", value_parser = ["gpu", "gpu.mig", "gpu.slot", "nic.vf", "disk", "node"])]
+    class: String,
+    /// Exact device model, e.g. H100-SXM5-80GB.
+    #[arg(long)]
+    model: Option<String>,
+    /// A label the units must carry (the unit's own, or else its node's), as key=value;
+    /// repeat for more.
+    #[arg(long = "label", id = "labels", value_name = "KEY=VALUE", value_parser = label)]
+    labels: Vec<(String, String)>,
+    /// All devices in one NVLink domain.
+    #[arg(long)]
+    nvlink_all: bool,
+    /// How the devices are handed over: hold (the default), node or kubernetes.
+    #[arg(long, value_parser = ["hold", "node", "kubernetes"])]
+    binding: Option<String>,
+    /// Members on distinct nodes (2-64), each getting the devices and resources asked for.
+    #[arg(long)]
+    gang: Option<i64>,
+    /// Keep the gang's members on nodes with one value of this key (`region`, or a node
+    /// label).
+    #[arg(long, requires = "gang")]
+    topology_key: Option<String>,
+    /// Host CPUs to book on the node (per member), above the pool's per-GPU share.
+    #[arg(long)]
+    vcpu: Option<i64>,
+    /// Host memory in GiB to book on the node (per member).
+    #[arg(long)]
+    memory_gib: Option<i64>,
+    /// 1 GiB hugepages to book on the node (per member).
+    #[arg(long)]
+    hugepages: Option<i64>,
+}
+
+impl Shape {
+    /// The request's fields these flags set.
+    fn fields(&self) -> Value {
+        let mut selector = serde_json::Map::new();
+        if let Some(model) = &self.model {
+            selector.insert("model".into(), json!(model));
+        }
+        if !self.labels.is_empty() {
+            let labels: serde_json::Map<String, Value> = (self.labels.iter())
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            selector.insert("labels".into(), Value::Object(labels));
+        }
+        let device = json!({
+            "class": self.class,
+            "count": self.count,
+            "selector": (!selector.is_empty()).then_some(Value::Object(selector)),
+            "topology": self.nvlink_all.then_some("nvlink-all"),
+        });
+        let resources = (self.vcpu.is_some() || self.memory_gib.is_some() || self.hugepages.is_some())
+            .then(|| json!({ "vcpu": self.vcpu, "memoryGiB": self.memory_gib, "hugepages1Gi": self.hugepages }));
+        json!({
+            "devices": [device],
+            "binding": self.binding,
+            "gang": self.gang.map(|size| json!({ "size": size, "topologyKey": self.topology_key })),
+            "resources": resources,
+        })
+    }
+}
+
+/// A `key=value` label.
+fn label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("{text:?} is not key=value")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -98,27 +175,17 @@ pub struct AvailabilityArgs {
     /// The tenant org that would book.
     #[arg(long, required_unless_present = "request_file")]
     tenant: Option<String>,
-    /// The pool id (`pool_…`).
+    /// The pool: its id (`pool_…`) or its name.
     #[arg(long, required_unless_present = "request_file")]
     pool: Option<String>,
-    /// How many whole GPUs.
-    #[arg(long, required_unless_present = "request_file")]
-    gpus: Option<i64>,
-    /// Exact GPU model, e.g. H100-SXM5-80GB.
-    #[arg(long)]
-    model: Option<String>,
-    /// All GPUs in one NVLink domain.
-    #[arg(long)]
-    nvlink_all: bool,
+    #[command(flatten)]
+    shape: Shape,
     /// Window length: seconds, or e.g. 90m, 2h, 1d.
     #[arg(long, default_value = "1h")]
     duration: String,
     /// Spot: may also use units that node reservations released to the spot market.
     #[arg(long)]
     spot: bool,
-    /// Members on distinct nodes (2-64).
-    #[arg(long)]
-    gang: Option<i64>,
     /// The earliest start: epoch milliseconds or RFC 3339; defaults to now.
     #[arg(long, value_parser = instant)]
     from: Option<i64>,
@@ -130,7 +197,7 @@ pub struct AvailabilityArgs {
     limit: Option<i64>,
     /// Send this request (JSON, `-` for stdin: a create request plus `window` and `limit`)
     /// instead of one built from the flags.
-    #[arg(long, conflicts_with_all = ["tenant", "pool", "gpus", "model", "nvlink_all", "duration", "spot", "gang", "from", "to", "limit"])]
+    #[arg(long, conflicts_with_all = ["tenant", "pool", "count", "class", "model", "labels", "nvlink_all", "binding", "gang", "topology_key", "vcpu", "memory_gib", "hugepages", "duration", "spot", "from", "to", "limit"])]
     request_file: Option<PathBuf>,
 }
 
@@ -143,7 +210,7 @@ pub struct ListArgs {
     scope: Option<String>,
     #[arg(long, value_parser = PossibleValuesParser::new(State::ALL.map(State::as_str)))]
     state: Option<String>,
-    /// Only reservations of this pool.
+    /// Only reservations of this pool (its id or its name).
     #[arg(long)]
     pool: Option<String>,
     /// 1-200; the server's default is 50.
@@ -189,20 +256,15 @@ fn duration(text: &str) -> Value {
         .map_or_else(|_| Value::String(text.to_string()), Value::from)
 }
 
-fn fresh_key() -> String {
-    format!("cli-{}", ulid::Ulid::new().to_string().to_lowercase())
+/// `into` with the fields of `from` added (both JSON objects).
+fn merge(into: &mut Value, from: Value) {
+    if let (Some(into), Value::Object(from)) = (into.as_object_mut(), from) {
+        into.extend(from);
+    }
 }
 
-/// A device entry of whole GPUs, of one model and in one NVLink domain when asked.
-fn gpus(count: Option<i64>, model: Option<String>, nvlink_all: bool) -> Value {
-    let mut device = json!({ "class": "gpu", "count": count });
-    if let Some(model) = model {
-        device["selector"] = json!({ "model": model });
-    }
-    if nvlink_all {
-        device["topology"] = json!("nvlink-all");
-    }
-    device
+fn fresh_key() -> String {
+    format!("cli-{}", ulid::Ulid::new().to_string().to_lowercase())
 }
 
 /// The availability request: from the file, or built from the flags.
@@ -210,21 +272,20 @@ fn availability_request(args: AvailabilityArgs) -> anyhow::Result<Value> {
     if let Some(file) = &args.request_file {
         return read_json(file, "the request file");
     }
-    let device = gpus(args.gpus, args.model, args.nvlink_all);
     const WEEK_MS: i64 = 7 * 24 * 3_600_000;
     let from = args
         .from
         .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
-    Ok(render::without_nulls(json!({
+    let mut request = json!({
         "tenantId": args.tenant,
         "poolId": args.pool,
-        "devices": [device],
         "duration": duration(&args.duration),
         "spot": args.spot.then_some(true),
-        "gang": args.gang.map(|size| json!({ "size": size })),
         "window": { "from": from, "to": args.to.unwrap_or(from.saturating_add(WEEK_MS)) },
         "limit": args.limit,
-    })))
+    });
+    merge(&mut request, args.shape.fields());
+    Ok(render::without_nulls(request))
 }
 
 /// The create request: from the file, or built from the flags.
@@ -232,16 +293,16 @@ fn create_request(args: CreateArgs) -> anyhow::Result<Value> {
     let mut request = match &args.request_file {
         Some(file) => read_json(file, "the request file")?,
         None => {
-            let device = gpus(args.gpus, args.model, args.nvlink_all);
-            render::without_nulls(json!({
+            let mut request = json!({
                 "tenantId": args.tenant,
                 "poolId": args.pool,
-                "devices": [device],
                 "duration": duration(&args.duration),
                 "start": args.start,
                 "leaseSeconds": args.lease_seconds,
                 "spot": args.spot.then_some(true),
-            }))
+            });
+            merge(&mut request, args.shape.fields());
+            render::without_nulls(request)
         }
     };
     let Some(fields) = request.as_object_mut() else {
@@ -269,6 +330,16 @@ pub(super) async fn run(
 ) -> anyhow::Result<Shown> {
     let call = |method: &str| format!("/api/compute/reservations/{method}");
     let reference = |t: &Target| json!({ "tenantId": t.tenant, "reservationId": t.id });
+    let mut command = command;
+    let pool = match &mut command {
+        ComputeReservationsCommand::Create(args) => args.pool.as_mut(),
+        ComputeReservationsCommand::Availability(args) => args.pool.as_mut(),
+        ComputeReservationsCommand::List(args) => args.pool.as_mut(),
+        _ => None,
+    };
+    if let Some(named) = pool {
+        *named = client.pool_id(named).await?;
+    }
     Ok(match command {
         ComputeReservationsCommand::Create(args) if args.plan => {
             let mut body = create_request(args)?;

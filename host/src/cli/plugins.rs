@@ -39,18 +39,27 @@ pub enum PluginsCommand {
     },
 }
 
+impl PoliciesCommand {
+    /// The pool the command is about.
+    pub(super) fn pool_id(&mut self) -> &mut String {
+        match self {
+            PoliciesCommand::Get { pool_id } | PoliciesCommand::Set { pool_id, .. } => pool_id,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum PoliciesCommand {
     /// The plugins a pool runs, its plugins' config, deadline and failure behaviour.
     Get {
-        /// The pool's id.
+        /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
     },
     /// Change a pool's policies. The current policies are read first and written back
     /// with only the flags given changed, so what is not named stays as it is. A plugin id
     /// of `default` goes back to the built-in default for that decision.
     Set {
-        /// The pool's id.
+        /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
         /// Plugin id (`sha256:…`) of a placer, or `default`.
         #[arg(long)]

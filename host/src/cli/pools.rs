@@ -33,20 +33,24 @@ pub enum PoolsCommand {
     /// The pools the caller owns or is offered (every pool, for platform operators).
     List,
     Get {
+        /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
     },
     /// Replace the pool's nodes.
     SetNodes {
+        /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
         #[arg(long, value_delimiter = ',', required = true)]
         node_ids: Vec<String>,
     },
     /// Archive a pool: it takes no new reservations; existing ones run their course.
     Archive {
+        /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
     },
     /// Offer the pool to a tenant, or replace the tenant's offer.
     Offer {
+        /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
         #[arg(long)]
         tenant: String,
@@ -62,11 +66,29 @@ pub enum PoolsCommand {
     },
     /// The pool's offers with what each tenant uses of its quota.
     Offers {
+        /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
     },
     /// The policy plugins a pool runs (placement, preemption, spend guard).
     #[command(subcommand)]
     Policies(PoliciesCommand),
+}
+
+impl PoolsCommand {
+    /// The command with its pool, given by name, named by id.
+    async fn with_pool_ids(mut self, client: &Client) -> anyhow::Result<PoolsCommand> {
+        let pool_id = match &mut self {
+            PoolsCommand::Get { pool_id }
+            | PoolsCommand::SetNodes { pool_id, .. }
+            | PoolsCommand::Archive { pool_id }
+            | PoolsCommand::Offer { pool_id, .. }
+            | PoolsCommand::Offers { pool_id } => pool_id,
+            PoolsCommand::Policies(command) => command.pool_id(),
+            PoolsCommand::Create { .. } | PoolsCommand::List => return Ok(self),
+        };
+        *pool_id = client.pool_id(pool_id).await?;
+        Ok(self)
+    }
 }
 
 /// One `resource=limit` of `--quota`.
@@ -82,6 +104,7 @@ fn quota_row(text: &str) -> Result<(String, i64), String> {
 }
 
 pub(super) async fn run(client: &Client, command: PoolsCommand) -> anyhow::Result<Shown> {
+    let command = command.with_pool_ids(client).await?;
     Ok(match command {
         PoolsCommand::Create {
             name,

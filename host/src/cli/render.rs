@@ -27,12 +27,16 @@ pub fn cell(value: &Value) -> String {
     }
 }
 
-/// Drops `null` members so optional flags that were not given are not sent.
+/// Drops `null` members (at every depth) so optional flags that were not given are not sent.
 pub fn without_nulls(value: Value) -> Value {
     match value {
-        Value::Object(map) => {
-            Value::Object(map.into_iter().filter(|(_, v)| !v.is_null()).collect())
-        }
+        Value::Object(map) => Value::Object(
+            (map.into_iter())
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
         other => other,
     }
 }
@@ -666,4 +670,53 @@ pub fn policies(value: &Value) -> String {
         vec!["updated".to_string(), cell(&value["updatedAt"])],
     ];
     table(&["setting", "value"], rows)
+}
+
+/// `GET /v1/status`: the answering replica, then one table of replicas and one of plugins.
+pub fn status(value: &Value) -> String {
+    let when = |v: &Value| v.as_i64().map(crate::clock::format_ms).unwrap_or_default();
+    let reconciler = &value["reconciler"];
+    let mut out = format!(
+        "orl {} on {}, answered by {}\nreconciler: last pass {}, {} due, lag {} s\n",
+        cell(&value["version"]),
+        cell(&value["database"]),
+        cell(&value["replica"]),
+        match when(&reconciler["lastPassAt"]) {
+            w if w.is_empty() => "none yet".to_string(),
+            w => w,
+        },
+        cell(&reconciler["due"]),
+        cell(&reconciler["lagSeconds"]),
+    );
+    let replicas = value["replicas"].as_array().cloned().unwrap_or_default();
+    out += &table(
+        &["replica", "version", "host", "started", "seen"],
+        replicas.iter().map(|r| {
+            vec![
+                cell(&r["id"]),
+                cell(&r["version"]),
+                cell(&r["host"]),
+                when(&r["startedAt"]),
+                when(&r["seenAt"]),
+            ]
+        }),
+    );
+    let plugins = value["plugins"].as_array().cloned().unwrap_or_default();
+    if plugins.is_empty() {
+        out += "\nno policy decisions on this replica yet";
+    } else {
+        out += "\n";
+        out += &table(
+            &["plugin", "world", "decisions", "failures"],
+            plugins.iter().map(|p| {
+                vec![
+                    cell(&p["pluginId"]),
+                    cell(&p["world"]),
+                    cell(&p["decisions"]),
+                    cell(&p["failures"]),
+                ]
+            }),
+        );
+    }
+    out
 }
