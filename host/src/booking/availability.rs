@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::placement::{NativeDefault, Placer as _, Snapshot};
+use super::placement::{Census, NativeDefault, Placer as _, Snapshot};
 use super::store::{Member, Reservation};
 use super::{CreateRequest, DeviceRequest, Duration, Gang, Resources, Topology};
 use crate::capacity::{NodeCapacity, PoolList};
@@ -358,12 +358,18 @@ fn gang_at(nodes: &PoolList, search: &Search<'_>, start: i64) -> Option<super::p
 /// Why `r` waits and until when, for its `Unschedulable` condition: the placer's `reason`,
 /// the pool's nodes counted by the constraint each fails ([`Snapshot::census`]), and the
 /// earliest start at which it would fit, searched for at most [`PENDING_TRIES`] node reads.
-pub fn explain_pending(reason: &str, r: &Reservation, snapshot: &Snapshot, now: i64) -> String {
+pub fn explain_pending(
+    reason: &str,
+    census: Option<Census>,
+    r: &Reservation,
+    snapshot: &Snapshot,
+    now: i64,
+) -> String {
     let what: Vec<String> = (r.request.devices.iter())
         .map(|d| format!("{} {}", d.count, d.class.as_str()))
         .collect();
-    let census = snapshot
-        .census(r)
+    let census = census
+        .unwrap_or_else(|| snapshot.census(r))
         .describe(&format!("{} units", what.join(" + ")));
     let from = r.start_ms.max(now);
     let search_for = Search {
@@ -882,6 +888,36 @@ mod tests {
     }
 
     #[test]
+    fn a_full_read_for_candidates_counts_the_same_census_as_a_count_of_its_own() {
+        let mut rng = StdRng::seed_from_u64(23);
+        for _ in 0..200 {
+            let count = rng.random_range(1..12);
+            let nodes = random_nodes(&mut rng, count, 0.6);
+            let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
+            let r = reservation(gpus, gpus <= 4 && rng.random_bool(0.5));
+            let start = rng.random_range(0..40) * HOUR;
+            let snapshot = Snapshot::of(pool(nodes), "", start, start + 4 * HOUR, 0);
+            let census = snapshot.census(&r);
+            assert_eq!(census.nodes, count);
+            assert_eq!(snapshot.candidates(&r, false, None).census, Some(census));
+        }
+        let snapshot = Snapshot::of(pool(random_nodes(&mut rng, 4, 0.5)), "", 0, HOUR, 0);
+        // A partial read, or one for preemption, counts nothing.
+        assert_eq!(
+            snapshot
+                .candidates(&reservation(1, false), false, Some(2))
+                .census,
+            None
+        );
+        assert_eq!(
+            snapshot
+                .candidates(&reservation(1, false), true, None)
+                .census,
+            None
+        );
+    }
+
+    #[test]
     fn a_pending_request_counts_every_node_under_the_constraint_it_fails_and_says_when_it_fits() {
         let nodes = vec![
             node("busy", (0..8).map(|u| booking("busy", u, 0, 5)).collect()),
@@ -923,7 +959,7 @@ mod tests {
             HOUR,
             0,
         );
-        let note = explain_pending("no room", &later, &busy_only, 0);
+        let note = explain_pending("no room", None, &later, &busy_only, 0);
         assert!(
             note.starts_with("no room; of 1 nodes, 1 lack 8 gpu units free"),
             "{note}"

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::place::Chosen;
-use super::placement::{Candidacy, Candidates, Placer, Refusal, Snapshot, check_choice};
+use super::placement::{Candidacy, Candidates, Census, Placer, Refusal, Snapshot, check_choice};
 use super::store::{Member, Reservation};
 use crate::inventory::nodes::Node;
 use crate::{Error, Result};
@@ -104,12 +104,13 @@ pub fn restrict(
 }
 
 /// Decides where every member of the gang `r` asks for goes on `snapshot`; or why it
-/// does not fit. Nothing is written: the members are booked together ([`super::place::book`]).
+/// does not fit, with the pool's census for one member. Nothing is written: the members
+/// are booked together ([`super::place::book`]).
 pub(super) fn decide(
     placer: &dyn Placer,
     r: &Reservation,
     snapshot: &Snapshot,
-) -> Result<std::result::Result<Chosen, String>> {
+) -> Result<std::result::Result<Chosen, (String, Option<Census>)>> {
     let Some(gang) = r.request.gang.clone() else {
         return Err(anyhow::anyhow!("gang placement without a gang").into());
     };
@@ -205,9 +206,9 @@ pub(super) fn decide(
             ));
         }
     }
-    Ok(Err(reason.unwrap_or_else(|| {
-        "no node reports a value for the gang's topologyKey".to_string()
-    })))
+    let reason =
+        reason.unwrap_or_else(|| "no node reports a value for the gang's topologyKey".to_string());
+    Ok(Err((reason, offer.census)))
 }
 
 #[cfg(test)]
@@ -258,6 +259,7 @@ mod tests {
             },
             candidates,
             index,
+            census: None,
             spot: Vec::new(),
             spot_reservations: Vec::new(),
             partial: false,

@@ -22,7 +22,7 @@ use super::engine::{
     self, Laying, commit_laying, lock_pool, mark_pending, mark_placed, older_pending_exists,
     push_event,
 };
-use super::placement::{Placer, Refusal, Snapshot, check_choice};
+use super::placement::{Census, Placer, Refusal, Snapshot, check_choice};
 use super::preempt;
 use super::store::{self, Member, Reservation};
 use super::{HostBooking, State};
@@ -70,10 +70,12 @@ pub(super) enum Write<'a> {
 /// What a decision on a snapshot came to.
 pub(super) enum Decided {
     Chosen(Chosen),
-    /// It does not fit: why, and the nodes where spot work holds units over the window
-    /// (what preemption could free).
+    /// It does not fit: why; the pool's census when the decision read all of it (so that
+    /// [`explain_pending`] need not count again); and the nodes where spot work holds units
+    /// over the window (what preemption could free).
     NoFit {
         reason: String,
+        census: Option<Census>,
         spot_nodes: Vec<String>,
     },
 }
@@ -119,10 +121,19 @@ pub(super) async fn decide(
     let chosen = match decided {
         Decided::Chosen(chosen) => chosen,
         // Why it waits and until when, worked out after the pool's turn.
-        Decided::NoFit { reason, spot_nodes } => {
+        Decided::NoFit {
+            reason,
+            census,
+            spot_nodes,
+        } => {
             drop(turn);
-            let reason = explain_pending(&reason, r, &snapshot, app.now_ms());
-            return Ok((Decided::NoFit { reason, spot_nodes }, None));
+            let reason = explain_pending(&reason, census, r, &snapshot, app.now_ms());
+            let decided = Decided::NoFit {
+                reason,
+                census,
+                spot_nodes,
+            };
+            return Ok((decided, None));
         }
     };
     let members: Vec<(&str, &[String])> = chosen
@@ -165,8 +176,9 @@ pub(super) async fn decide_on(
     Ok(match decided {
         Ok(chosen) => Decided::Chosen(chosen),
         // Spot work gives way only to work that is not spot.
-        Err(reason) => Decided::NoFit {
+        Err((reason, census)) => Decided::NoFit {
             reason,
+            census,
             spot_nodes: match r.spot {
                 true => Vec::new(),
                 false => snapshot.nodes_holding_spot(),
@@ -182,7 +194,7 @@ fn decide_one(
     placer: &dyn Placer,
     r: &Reservation,
     snapshot: &Snapshot,
-) -> Result<std::result::Result<Chosen, String>> {
+) -> Result<std::result::Result<Chosen, (String, Option<Census>)>> {
     let mut offer = snapshot.candidates(r, false, Some(CANDIDATE_NODES));
     // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.
     let (choice, decided_by) = loop {
@@ -191,7 +203,7 @@ fn decide_one(
             Err(Refusal::Unschedulable(_)) if offer.partial => {
                 offer = snapshot.candidates(r, false, None);
             }
-            Err(Refusal::Unschedulable(reason)) => return Ok(Err(reason)),
+            Err(Refusal::Unschedulable(reason)) => return Ok(Err((reason, offer.census))),
             Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
         }
     };
@@ -263,7 +275,9 @@ pub(super) async fn try_place(
                 }
             };
         }
-        Decided::NoFit { reason, spot_nodes } => (reason, spot_nodes),
+        Decided::NoFit {
+            reason, spot_nodes, ..
+        } => (reason, spot_nodes),
     };
     if !spot_nodes.is_empty() && preempt_and_place(app, conn, pool, r, &spot_nodes, now).await? {
         return Ok(Outcome::Placed {

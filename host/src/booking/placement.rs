@@ -168,6 +168,10 @@ pub struct Candidacy {
     pub spot_reservations: Vec<String>,
     /// Whether the pool was read only in part ([`Snapshot::candidates`] with a limit).
     pub partial: bool,
+    /// A read of the whole pool without preemption (one with a limit that found fewer
+    /// candidates included): why each node does or does not take the request
+    /// ([`Snapshot::census`]), counted on the way.
+    pub census: Option<Census>,
 }
 
 /// The pool's nodes as the capacity view holds them, read over one window: what a decision
@@ -497,6 +501,7 @@ impl Snapshot {
             spot: Vec::new(),
             spot_reservations: Vec::new(),
             partial: false,
+            census: None,
         };
         let len = self.nodes.len();
         let limit = limit.filter(|l| *l < len);
@@ -507,6 +512,10 @@ impl Snapshot {
         if let Some(limit) = limit {
             out.candidates.reserve(limit, limit * 8);
         }
+        let mut census = (!preempting).then(|| Census {
+            nodes: len,
+            ..Census::default()
+        });
         // Units a placement on one node must have, in all: a node with fewer usable ones
         // cannot take the request and is not offered.
         let wanted: usize = request
@@ -529,6 +538,9 @@ impl Snapshot {
             let node = capacity.node.as_ref();
             // A lost node gets no new placements until it reports again.
             if capacity.is_lost() {
+                if let Some(census) = &mut census {
+                    census.lost += 1;
+                }
                 continue;
             }
             self.read_window(n, reservation, &mut window);
@@ -537,32 +549,21 @@ impl Snapshot {
             } else {
                 window.host_used
             };
-            if !has_room(&node.host, host_used, reservation.resources) {
-                continue;
+            // Offered: room for the host resources; for a node binding (which hands the
+            // whole node over) a node nothing else holds; enough units that could serve.
+            let offered = has_room(&node.host, host_used, reservation.resources)
+                && (reservation.binding != super::Binding::Node || window.wholly_free(capacity))
+                && usable_units(request, capacity, &window, preempting, &mut usable)
+                    >= wanted.max(1)
+                && serves_each_device(request, capacity, &usable, &mut in_domain);
+            if let Some(census) = &mut census {
+                // An offered node takes the request on its own: it fails no constraint.
+                census.count(match offered {
+                    true => Verdict::Fit,
+                    false => self.verdict(n, reservation, &window, &mut in_domain),
+                });
             }
-            // A node binding hands the whole node over: only a node nothing else holds.
-            if reservation.binding == super::Binding::Node && !window.wholly_free(capacity) {
-                continue;
-            }
-            usable.clear();
-            let mut takeable = 0;
-            for (u, slot) in capacity.slots().iter().enumerate() {
-                let held = window.held[u];
-                let ok = slot.sellable
-                    && window.allowed[u]
-                    && (held.count == 0
-                        || (preempting && held.count == 1 && held.first.is_some_and(|b| b.spot)))
-                    && request.devices.iter().any(|d| {
-                        d.class == slot.class
-                            && (d.selector.is_none() || matches(d, &node.units[u], node))
-                    });
-                takeable += usize::from(ok);
-                usable.push(ok);
-            }
-            if takeable == 0
-                || takeable < wanted
-                || !serves_each_device(request, capacity, &usable, &mut in_domain)
-            {
+            if !offered {
                 continue;
             }
             node_models.clear();
@@ -648,6 +649,7 @@ impl Snapshot {
             }
         }
         out.request.models = models;
+        out.census = census.filter(|_| !out.partial);
         out
     }
 }
@@ -674,7 +676,33 @@ pub struct Census {
     pub fit: usize,
 }
 
+/// The first constraint a node fails for a request, in the order [`Snapshot::census`]
+/// tries them (after host resources and a node binding, the per-device ones, the worst
+/// over the request's devices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Verdict {
+    Host,
+    NotWhole,
+    Unmatched,
+    Reserved,
+    Busy,
+    Split,
+    Fit,
+}
+
 impl Census {
+    fn count(&mut self, verdict: Verdict) {
+        *match verdict {
+            Verdict::Host => &mut self.host,
+            Verdict::NotWhole => &mut self.not_whole,
+            Verdict::Unmatched => &mut self.unmatched,
+            Verdict::Reserved => &mut self.reserved,
+            Verdict::Busy => &mut self.busy,
+            Verdict::Split => &mut self.split,
+            Verdict::Fit => &mut self.fit,
+        } += 1;
+    }
+
     /// The counts in words, for `what` (e.g. "8 gpu units"): "of 5,000 nodes, 4,211 lack …".
     pub fn describe(&self, what: &str) -> String {
         let parts: Vec<String> = [
@@ -703,83 +731,87 @@ impl Census {
 
 impl Snapshot {
     /// Why each node does or does not take `r` (one member of it, for a gang) over the
-    /// window: the first constraint it fails, counted.
+    /// window: the first constraint it fails, counted. A full read of the pool for
+    /// candidates counts the same on its way ([`Candidacy::census`]).
     pub fn census(&self, r: &Reservation) -> Census {
         let mut census = Census {
             nodes: self.nodes.len(),
             ..Census::default()
         };
         let mut window = NodeWindow::default();
-        // Free units per NVLink domain of the node being read (domains are numbered from 0).
         let mut by_domain: Vec<usize> = Vec::new();
         for n in 0..self.nodes.len() {
-            let capacity = &self.nodes[n];
-            let node = capacity.node.as_ref();
-            if capacity.is_lost() {
+            if self.nodes[n].is_lost() {
                 census.lost += 1;
                 continue;
             }
             self.read_window(n, r, &mut window);
-            if !has_room(&node.host, window.host_used, r.resources) {
-                census.host += 1;
-                continue;
-            }
-            if r.binding == super::Binding::Node && !window.wholly_free(capacity) {
-                census.not_whole += 1;
-                continue;
-            }
-            // Per device entry: matching units, those the tenant may use, those free, and
-            // the most free in one NVLink domain.
-            let mut worst = 4;
-            for d in &r.request.devices {
-                let want = d.count.max(0) as usize;
-                let (mut matching, mut allowed, mut free) = (0, 0, 0);
-                by_domain.clear();
-                for (u, slot) in capacity.slots().iter().enumerate() {
-                    let serves = d.class == slot.class
-                        && (d.selector.is_none() || matches(d, &node.units[u], node));
-                    if !(slot.sellable && serves) {
-                        continue;
-                    }
-                    matching += 1;
-                    if !window.allowed[u] {
-                        continue;
-                    }
-                    allowed += 1;
-                    if window.held[u].count > 0 {
-                        continue;
-                    }
-                    free += 1;
-                    if let Some(domain) = slot.domain.map(|d| d as usize) {
-                        if by_domain.len() <= domain {
-                            by_domain.resize(domain + 1, 0);
-                        }
-                        by_domain[domain] += 1;
-                    }
-                }
-                let in_domain = by_domain.iter().copied().max().unwrap_or(0);
-                let failed = if matching < want {
-                    0
-                } else if allowed < want {
-                    1
-                } else if free < want {
-                    2
-                } else if r.request.nvlink_all(d) && in_domain < want {
-                    3
-                } else {
-                    4
-                };
-                worst = worst.min(failed);
-            }
-            match worst {
-                0 => census.unmatched += 1,
-                1 => census.reserved += 1,
-                2 => census.busy += 1,
-                3 => census.split += 1,
-                _ => census.fit += 1,
-            }
+            census.count(self.verdict(n, r, &window, &mut by_domain));
         }
         census
+    }
+
+    /// The first constraint node `n`, not lost and read over the window into `window`,
+    /// fails for `r`. `by_domain` is scratch space, reused across nodes.
+    fn verdict(
+        &self,
+        n: usize,
+        r: &Reservation,
+        window: &NodeWindow<'_>,
+        by_domain: &mut Vec<usize>,
+    ) -> Verdict {
+        let capacity = &self.nodes[n];
+        let node = capacity.node.as_ref();
+        if !has_room(&node.host, window.host_used, r.resources) {
+            return Verdict::Host;
+        }
+        if r.binding == super::Binding::Node && !window.wholly_free(capacity) {
+            return Verdict::NotWhole;
+        }
+        // Per device entry: matching units, those the tenant may use, those free, and the
+        // most free in one NVLink domain (domains are numbered from 0).
+        let mut worst = Verdict::Fit;
+        for d in &r.request.devices {
+            let want = d.count.max(0) as usize;
+            let (mut matching, mut allowed, mut free) = (0, 0, 0);
+            by_domain.clear();
+            for (u, slot) in capacity.slots().iter().enumerate() {
+                let serves = d.class == slot.class
+                    && (d.selector.is_none() || matches(d, &node.units[u], node));
+                if !(slot.sellable && serves) {
+                    continue;
+                }
+                matching += 1;
+                if !window.allowed[u] {
+                    continue;
+                }
+                allowed += 1;
+                if window.held[u].count > 0 {
+                    continue;
+                }
+                free += 1;
+                if let Some(domain) = slot.domain.map(|d| d as usize) {
+                    if by_domain.len() <= domain {
+                        by_domain.resize(domain + 1, 0);
+                    }
+                    by_domain[domain] += 1;
+                }
+            }
+            let in_domain = by_domain.iter().copied().max().unwrap_or(0);
+            let failed = if matching < want {
+                Verdict::Unmatched
+            } else if allowed < want {
+                Verdict::Reserved
+            } else if free < want {
+                Verdict::Busy
+            } else if r.request.nvlink_all(d) && in_domain < want {
+                Verdict::Split
+            } else {
+                Verdict::Fit
+            };
+            worst = worst.min(failed);
+        }
+        worst
     }
 
     /// The same nodes with the bookings of `reservations` taken off: what a placement sees
@@ -840,6 +872,34 @@ fn matches(device: &DeviceRequest, unit: &Unit, node: &Node) -> bool {
                     .as_ref()
                     .is_none_or(|wanted| labels_match(wanted, &unit.labels, &node.labels))
         })
+}
+
+/// Marks in `usable` the units of a node, read over the window into `window`, that a
+/// placement could take: sellable, open to the tenant, free (or, when `preempting`, held
+/// by one spot booking alone) and asked for by some device entry. Answers how many.
+fn usable_units(
+    request: &CreateRequest,
+    capacity: &NodeCapacity,
+    window: &NodeWindow<'_>,
+    preempting: bool,
+    usable: &mut Vec<bool>,
+) -> usize {
+    let node = capacity.node.as_ref();
+    usable.clear();
+    for (u, slot) in capacity.slots().iter().enumerate() {
+        let held = window.held[u];
+        usable.push(
+            slot.sellable
+                && window.allowed[u]
+                && (held.count == 0
+                    || (preempting && held.count == 1 && held.first.is_some_and(|b| b.spot)))
+                && request.devices.iter().any(|d| {
+                    d.class == slot.class
+                        && (d.selector.is_none() || matches(d, &node.units[u], node))
+                }),
+        );
+    }
+    usable.iter().filter(|ok| **ok).count()
 }
 
 /// Whether the `usable` units of a node could serve each device entry of `request` on

@@ -204,9 +204,15 @@ async fn place_plan(
                     reason: None,
                 });
             }
-            super::place::Decided::NoFit { reason, spot_nodes } => (reason, spot_nodes),
+            super::place::Decided::NoFit {
+                reason,
+                census,
+                spot_nodes,
+            } => (
+                super::availability::explain_pending(&reason, census, r, &snapshot, now),
+                spot_nodes,
+            ),
         };
-    let reason = super::availability::explain_pending(&reason, r, &snapshot, now);
     if spot_nodes.is_empty() {
         return Ok(waiting(reason));
     }
