@@ -179,3 +179,34 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     )
         .into_response()
 }
+
+/// Every REST and RPC route as `(method, path template)`, read from the same registrations
+/// [`router`] mounts: each handler's `#[utoipa::path]` both routes and documents it, so
+/// this list is what the server answers. With `manual_clock`, `POST /v1/clock` too. The
+/// routes outside the API (`/openapi.json`, `/healthz`, `/metrics`, `/graphql`) are not
+/// listed. Tests sweep it.
+#[doc(hidden)]
+pub fn routes(manual_clock: bool) -> Vec<(String, String)> {
+    let (_, openapi) = OpenApiRouter::<Arc<App>>::new()
+        .merge(rest::router())
+        .split_for_parts();
+    let mut routes = Vec::new();
+    for (path, item) in &openapi.paths.paths {
+        let operations = [
+            ("GET", &item.get),
+            ("POST", &item.post),
+            ("PUT", &item.put),
+            ("PATCH", &item.patch),
+            ("DELETE", &item.delete),
+        ];
+        for (method, operation) in operations {
+            if operation.is_some() {
+                routes.push((method.to_string(), path.clone()));
+            }
+        }
+    }
+    if manual_clock {
+        routes.push(("POST".to_string(), "/v1/clock".to_string()));
+    }
+    routes
+}

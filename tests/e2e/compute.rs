@@ -4,7 +4,9 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, T0, assert_error, on_both_databases, register_node};
+use crate::support::{
+    Api, Db, Options, Server, T0, assert_error, on_both_databases, register_node,
+};
 
 const HOUR: i64 = 3_600_000;
 
@@ -22,7 +24,10 @@ async fn world(db: Db, nodes: usize, gpu_quota: i64) -> World {
 }
 
 async fn world_with(db: Db, nodes: usize, quota: Value, policy: Value) -> World {
-    let server = Server::start(db).await;
+    world_on(Server::start(db).await, nodes, quota, policy).await
+}
+
+async fn world_on(server: Server, nodes: usize, quota: Value, policy: Value) -> World {
     let provider = server.org_with_key("acme", "provider").await;
     let mut node_ids = Vec::new();
     for n in 1..=nodes {
@@ -113,6 +118,7 @@ on_both_databases!(
     release_and_cancel_follow_the_state_rules,
     extend_moves_the_end_or_reports_available_until,
     concurrent_extends_are_refused_while_one_is_in_flight,
+    a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before,
     renew_moves_the_lease_and_a_lapsed_lease_releases,
     the_reconciler_activates_and_expires_with_the_clock,
     iam_policy_refusal_is_access_denied_and_stays_refused,
@@ -617,42 +623,104 @@ async fn extend_moves_the_end_or_reports_available_until(db: Db) {
 }
 
 async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
-    let w = world(db, 1, 64).await;
+    // The server holds every extend between its claim and its decision until `gate` exists.
+    let gates = tempfile::tempdir().unwrap();
+    let gate = gates.path().join("open");
+    let options = Options {
+        env: vec![(
+            "ORL_TEST_EXTEND_GATE".to_string(),
+            gate.display().to_string(),
+        )],
+        ..Options::default()
+    };
+    let server = Server::start_with(db, options).await;
+    let w = world_on(server, 1, json!({ "gpu": 64 }), json!({})).await;
     let r = w.create(w.ask("k-1", 1)).await;
-    let calls = (0..6).map(|_| {
+    let id = r["id"].as_str().unwrap().to_string();
+    let extend = |key: &str| {
         let tenant = w.tenant.clone();
-        let body = json!({ "tenantId": "tenant-a", "reservationId": r["id"], "by": 3600, "idempotencyKey": "e" });
+        let body = json!({ "tenantId": "tenant-a", "reservationId": id, "by": 3600, "idempotencyKey": key });
         tokio::spawn(async move { rpc(&tenant, "extend", body).await })
-    });
-    let mut extended = 0;
-    for result in futures::future::join_all(calls).await {
-        let (status, body) = result.unwrap();
-        match status {
-            StatusCode::OK => {
-                assert_eq!(body["extended"], true, "{body}");
-                extended += 1;
-            }
-            StatusCode::CONFLICT => {
-                assert_eq!(
-                    body["error"]["details"]["reason"], "extend-in-flight",
-                    "{body}"
-                );
-                assert!(
-                    body["error"]["details"]["retryAfterSeconds"]
-                        .as_i64()
-                        .unwrap()
-                        >= 1
-                );
-            }
-            other => panic!("{other}: {body}"),
+    };
+    let first = extend("e-1");
+    // The first extend has claimed the reservation and is held before deciding.
+    let mut db = w.server.database().await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let claimed: Option<i64> =
+            sqlx::query_scalar("SELECT extend_started_ms FROM compute_reservations WHERE id = $1")
+                .bind(&id)
+                .fetch_one(&mut db)
+                .await
+                .unwrap();
+        if claimed.is_some() {
+            break;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first extend never claimed the reservation"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert!(extended >= 1);
+    // A second extend now meets the claim: refused at once, not decided too.
+    let (status, refused) = tokio::time::timeout(std::time::Duration::from_secs(10), extend("e-2"))
+        .await
+        .expect("the second extend is refused while the first is in flight, not held with it")
+        .unwrap();
+    assert_error(status, &refused, StatusCode::CONFLICT, "CONFLICT");
+    assert_eq!(
+        refused["error"]["details"]["reason"], "extend-in-flight",
+        "{refused}"
+    );
+    assert_eq!(refused["error"]["details"]["reservationId"], id.as_str());
+    assert!(
+        refused["error"]["details"]["retryAfterSeconds"]
+            .as_i64()
+            .unwrap()
+            >= 1
+    );
+    std::fs::write(&gate, b"").unwrap();
+    let (status, won) = first.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{won}");
+    assert_eq!(won["extended"], true, "{won}");
     assert_eq!(
         w.get(&r["id"]).await.1["end"],
-        T0 + (2 + extended) * HOUR,
-        "each successful by extends once"
+        T0 + 3 * HOUR,
+        "exactly one of the two extends moved the end"
     );
+    // The winner gave its claim back: the next extend is decided.
+    let (status, next) = extend("e-3").await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{next}");
+    assert_eq!(next["reservation"]["end"], T0 + 4 * HOUR, "{next}");
+}
+
+async fn a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before(db: Db) {
+    let w = world(db, 1, 64).await;
+    w.create(w.ask("k-fill", 8)).await;
+    let waiting = w.create(w.ask("k-wait", 2)).await;
+    assert_eq!(waiting["state"], "pending");
+    // Capacity appears without anything freeing: a new node joins the pool. Only the
+    // retry can find it.
+    register_node(&w.provider, "acme", "n2", 8).await;
+    let (status, pool) = w
+        .server
+        .admin()
+        .put(
+            &format!("/v1/pools/{}/nodes", w.pool),
+            json!({ "nodeIds": ["n1", "n2"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{pool}");
+    w.server.set_clock(T0 + 29_999).await;
+    assert_eq!(
+        w.get(&waiting["id"]).await.1["state"],
+        "pending",
+        "not retried before 30 s"
+    );
+    w.server.set_clock(T0 + 30_000).await;
+    let (_, placed) = w.get(&waiting["id"]).await;
+    assert_eq!(placed["state"], "placed", "retried at 30 s: {placed}");
+    assert_eq!(placed["placement"]["nodeId"], "n2");
 }
 
 async fn renew_moves_the_lease_and_a_lapsed_lease_releases(db: Db) {
@@ -857,11 +925,30 @@ async fn spend_limit_refuses_what_the_budget_cannot_cover(db: Db) {
 
 async fn sixty_four_concurrent_creates_book_exactly_the_last_eight_gpus(db: Db) {
     let w = world(db, 2, 128).await;
-    w.create(w.ask("k-fill", 8)).await;
+    let fill = w.create(w.ask("k-fill", 8)).await;
+    let filled: Vec<String> = fill["placement"]["unitIds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap().to_string())
+        .collect();
+    // The 8 GPUs left: every unit of the two nodes but the fill's.
+    let mut last_eight: Vec<String> = (1..=2)
+        .flat_map(|n| (0..8).map(move |g| format!("n{n}-gpu{g}")))
+        .filter(|u| !filled.contains(u))
+        .collect();
+    last_eight.sort();
+    assert_eq!(last_eight.len(), 8);
+    // All 64 requests are sent at once, released together by a barrier.
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
     let calls = (0..64).map(|i| {
         let tenant = w.tenant.clone();
         let body = w.ask(&format!("race-{i}"), 1);
-        tokio::spawn(async move { rpc(&tenant, "create", body).await })
+        let start = start.clone();
+        tokio::spawn(async move {
+            start.wait().await;
+            rpc(&tenant, "create", body).await
+        })
     });
     let results: Vec<(StatusCode, Value)> = futures::future::join_all(calls)
         .await
@@ -884,11 +971,26 @@ async fn sixty_four_concurrent_creates_book_exactly_the_last_eight_gpus(db: Db) 
     assert_eq!((placed.len(), pending), (8, 56));
     let mut units: Vec<String> = placed
         .iter()
-        .map(|r| r["placement"]["unitIds"][0].as_str().unwrap().to_string())
+        .flat_map(|r| r["placement"]["unitIds"].as_array().unwrap())
+        .map(|u| u.as_str().unwrap().to_string())
         .collect();
     units.sort();
-    units.dedup();
-    assert_eq!(units.len(), 8, "no unit booked twice");
+    assert_eq!(
+        units, last_eight,
+        "the 8 winners hold exactly the last 8 GPUs, once each"
+    );
+    // And so does the database: 16 active bookings, one per unit, none for the pending.
+    let mut db = w.server.database().await;
+    let mut booked: Vec<String> =
+        sqlx::query_scalar("SELECT unit_id FROM bookings WHERE active = $1 ORDER BY unit_id")
+            .bind(true)
+            .fetch_all(&mut db)
+            .await
+            .unwrap();
+    booked.sort();
+    let mut all: Vec<String> = filled.iter().cloned().chain(last_eight).collect();
+    all.sort();
+    assert_eq!(booked, all);
     assert_eq!(w.used_gpus().await, 8 + 64);
 }
 

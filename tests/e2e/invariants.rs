@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use sqlx::Row as _;
 
+use crate::call_log::Call;
 use crate::support::Server;
 
 const LIVE: [&str; 4] = ["placed", "binding", "active", "releasing"];
@@ -21,12 +22,14 @@ const TERMINAL_EVENTS: [&str; 5] = [
 
 /// Asserts every invariant on `server`'s database; the message names the first broken one.
 pub async fn check(server: &Server) {
-    check_database(&server.database_url()).await;
+    check_database(&server.database_url(), &server.calls.calls()).await;
 }
 
-/// Asserts every invariant on the database at `url`.
-pub async fn check_database(url: &str) {
+/// Asserts every invariant on the database at `url`, where `calls` are the successful
+/// mutating calls the test made.
+pub async fn check_database(url: &str, calls: &[Call]) {
     let mut db = crate::support::connect(url).await;
+    crate::call_log::check_audited(&mut db, calls).await;
 
     // No two bookings of one unit overlap in time, active or not: a unit is never held, nor
     // billed, twice.
@@ -179,6 +182,39 @@ pub async fn check_database(url: &str) {
         assert!(
             ended.contains_key(&id),
             "reservation {id} ended without its event"
+        );
+    }
+
+    // Every state a reservation reached was announced: its last event names it and the
+    // state it is in now (a draft has announced nothing yet).
+    let mut last: BTreeMap<String, (String, serde_json::Value)> = BTreeMap::new();
+    let rows = sqlx::query("SELECT object_id, type, payload FROM events ORDER BY seq")
+        .fetch_all(&mut db)
+        .await
+        .unwrap();
+    for row in &rows {
+        let kind: String = row.get("type");
+        if kind.starts_with("reservation.") && kind != "reservation.allocation-released" {
+            let payload = serde_json::from_str(&row.get::<String, _>("payload")).unwrap();
+            last.insert(row.get("object_id"), (kind, payload));
+        }
+    }
+    let states: Vec<(String, String)> =
+        sqlx::query_as("SELECT id, state FROM compute_reservations WHERE state <> 'draft'")
+            .fetch_all(&mut db)
+            .await
+            .unwrap();
+    for (id, state) in states {
+        let Some((kind, payload)) = last.get(&id) else {
+            panic!("{state} reservation {id} has no event");
+        };
+        assert_eq!(
+            (
+                payload["reservation"]["id"].as_str(),
+                payload["reservation"]["state"].as_str()
+            ),
+            (Some(id.as_str()), Some(state.as_str())),
+            "reservation {id} is {state}, but its last event {kind} says otherwise: {payload}"
         );
     }
 }

@@ -1,12 +1,14 @@
 //! End-to-end tests: each one starts the real `orl` binary on a fresh database (SQLite in a
 //! temporary directory, or a new PostgreSQL database) and drives it over HTTP.
 
+mod call_log;
 mod support;
 
 mod audit;
 mod auth;
 mod availability;
 mod bindings;
+mod booking_model;
 mod bootstrap;
 mod capacity_view;
 mod cli;
@@ -26,6 +28,7 @@ mod node_reservations;
 mod orgs;
 mod plugins;
 mod races;
+mod route_sweep;
 mod settings;
 mod spot;
 mod system;

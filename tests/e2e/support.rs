@@ -11,6 +11,8 @@ use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::call_log::CallLog;
+
 /// Runs `$name(Db)` once per database, as `$name::sqlite` and `$name::postgres`.
 macro_rules! on_both_databases {
     ($($name:ident),* $(,)?) => {$(
@@ -111,6 +113,8 @@ pub struct Options {
     pub demo: bool,
     /// More arguments for `orl serve`.
     pub args: Vec<String>,
+    /// More environment variables for `orl serve`.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -119,6 +123,7 @@ impl Default for Options {
             admin_key: Some(random_key()),
             demo: false,
             args: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -137,6 +142,8 @@ pub struct Server {
     pub banner: String,
     pub data_dir: TempDir,
     pub db: Database,
+    /// The successful mutating calls of this server's clients (shared with its replicas).
+    pub calls: CallLog,
 }
 
 impl Server {
@@ -162,6 +169,7 @@ impl Server {
             banner,
             data_dir,
             db: database,
+            calls: CallLog::default(),
         }
     }
 
@@ -191,6 +199,7 @@ impl Server {
             banner,
             data_dir,
             db: database,
+            calls: self.calls.clone(),
         }
     }
 
@@ -260,6 +269,7 @@ impl Server {
             http: reqwest::Client::new(),
             base: self.url.clone(),
             key: Some(key.to_string()),
+            log: self.calls.clone(),
         }
     }
 
@@ -272,6 +282,7 @@ impl Server {
             http: reqwest::Client::new(),
             base: self.url.clone(),
             key: None,
+            log: self.calls.clone(),
         }
     }
 
@@ -323,12 +334,13 @@ impl Drop for Server {
             return;
         }
         let url = self.database_url();
+        let calls = self.calls.calls();
         let checked = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap()
-                .block_on(crate::invariants::check_database(&url))
+                .block_on(crate::invariants::check_database(&url, &calls))
         })
         .join();
         if let Err(panic) = checked {
@@ -360,6 +372,7 @@ fn serve_command(data_dir: &Path, db: &Database, options: &Options) -> Command {
         command.arg("--demo");
     }
     command.args(&options.args);
+    command.envs(options.env.iter().map(|(k, v)| (k, v)));
     command
 }
 
@@ -399,6 +412,7 @@ pub struct Api {
     http: reqwest::Client,
     base: String,
     key: Option<String>,
+    log: CallLog,
 }
 
 impl Api {
@@ -409,6 +423,7 @@ impl Api {
             http: self.http.clone(),
             base: server.url.clone(),
             key: self.key.clone(),
+            log: server.calls.clone(),
         }
     }
 }
@@ -462,10 +477,13 @@ impl Api {
         body: Option<Vec<u8>>,
         content_type: Option<&str>,
     ) -> Option<(StatusCode, Value)> {
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base));
         if let Some(key) = &self.key {
             request = request.bearer_auth(key);
         }
+        let sent = body.clone();
         if let Some(body) = body {
             request = request.body(body);
             if let Some(ct) = content_type {
@@ -480,6 +498,8 @@ impl Api {
         } else {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
+        self.log
+            .record(&method, path, status, sent.as_deref(), &value);
         Some((status, value))
     }
 

@@ -107,6 +107,8 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
         return Err(changed_concurrently(&r));
     }
     tx.commit().await?;
+    #[cfg(debug_assertions)]
+    hold_claimed_extend().await;
 
     let decided = decide_extension(app, caller, &r, new_end).await;
     // Whatever was decided, the claim is given back, on the reservation as it is now.
@@ -164,6 +166,20 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
         extended,
         available_until: blocked,
     })
+}
+
+/// Debug builds only, for the race tests: while the environment names a file in
+/// `ORL_TEST_EXTEND_GATE` that does not exist yet, an extend that has claimed its
+/// reservation waits before deciding, so a test can send a second extend into that window
+/// and then let the first one finish by creating the file.
+#[cfg(debug_assertions)]
+async fn hold_claimed_extend() {
+    let Some(gate) = std::env::var_os("ORL_TEST_EXTEND_GATE") else {
+        return;
+    };
+    while !std::path::Path::new(&gate).exists() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 /// Moves the end of `r`'s bookings to `new_end`, unless a later booking of any of its units
