@@ -474,9 +474,11 @@ async fn alone(server: &Server, tenant: &Api, pool: &str) -> anyhow::Result<()> 
             {
                 bail!("create {name}: {created}");
             }
-            let cancel = json!({ "tenantId": "tenant-a", "reservationId": created["id"] });
+            // Released at once (a pending one is cancelled; a placed one may have become
+            // active meanwhile), so that the next create finds the pool as this one did.
+            let release = json!({ "tenantId": "tenant-a", "reservationId": created["id"] });
             tenant
-                .send("POST", "/api/compute/reservations/cancel", cancel)
+                .send("POST", "/api/compute/reservations/release", release)
                 .await?;
         }
         println!(
