@@ -18,6 +18,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of the largest command does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the server.

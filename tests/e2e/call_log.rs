@@ -73,10 +73,14 @@ pub struct Expected {
     pub objects: Vec<String>,
 }
 
+/// A route template, with the parameters a path gave it by name.
+type Route = (String, Vec<(String, String)>);
+
 /// The route template of `path` among the API's routes, with its parameters by name.
-pub fn route_of(method: &Method, path: &str) -> Option<(String, Vec<(String, String)>)> {
+pub fn route_of(method: &Method, path: &str) -> Option<Route> {
     let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
-    let mut best: Option<(String, Vec<(String, String)>, usize)> = None;
+    // The best match so far, and how many literal segments it matched.
+    let mut best: Option<(Route, usize)> = None;
     for (m, template) in orl::api::routes(true) {
         if m != method.as_str() {
             continue;
@@ -97,11 +101,11 @@ pub fn route_of(method: &Method, path: &str) -> Option<(String, Vec<(String, Str
             }
         });
         // A literal segment beats a parameter (`/v1/nodes/availability`).
-        if matched && best.as_ref().is_none_or(|(_, _, l)| literal > *l) {
-            best = Some((template, params, literal));
+        if matched && best.as_ref().is_none_or(|(_, l)| literal > *l) {
+            best = Some(((template, params), literal));
         }
     }
-    best.map(|(template, params, _)| (template, params))
+    best.map(|(route, _)| route)
 }
 
 /// What a successful `call` of the route `template` must have left in the audit log;
