@@ -20,6 +20,7 @@ mod events_stream;
 mod fleet;
 mod graphql;
 mod hostile_input;
+mod iam_schema;
 mod input;
 mod invariants;
 mod inventory;

@@ -7,6 +7,10 @@
 //! `poolId`, `spot`) plus `confirmed`, which is true only when a person has approved.
 //! An org without a policy allows whatever its keys' permissions allow. A refused agent
 //! may be confirmed by a person when the policy would allow the same request `confirmed`.
+//! A policy is validated against [`schema::SCHEMA`], the Cedar schema of that request, when
+//! it is set.
+
+mod schema;
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -197,20 +201,16 @@ fn is_allowed(
         HashSet::new(),
     )
     .map_err(|e| anyhow::anyhow!("resource entity: {e}"))?;
-    let entities = Entities::from_entities([key, reservation], None)
+    let schema = &*schema::SCHEMA;
+    let entities = Entities::from_entities([key, reservation], Some(schema))
         .map_err(|e| anyhow::anyhow!("entities: {e}"))?;
     let mut context = serde_json::to_value(attrs).expect("attributes serialize");
     context["confirmed"] = Value::Bool(confirmed);
-    let context =
-        Context::from_json_value(context, None).map_err(|e| anyhow::anyhow!("context: {e}"))?;
-    let request = Request::new(
-        principal,
-        uid("Action", action)?,
-        resource_uid,
-        context,
-        None,
-    )
-    .map_err(|e| anyhow::anyhow!("request: {e}"))?;
+    let action = uid("Action", action)?;
+    let context = Context::from_json_value(context, Some((schema, &action)))
+        .map_err(|e| anyhow::anyhow!("context: {e}"))?;
+    let request = Request::new(principal, action, resource_uid, context, Some(schema))
+        .map_err(|e| anyhow::anyhow!("request: {e}"))?;
     Ok(Authorizer::new()
         .is_authorized(&request, policies, &entities)
         .decision()
@@ -278,7 +278,7 @@ pub async fn put(
     }
     let remove = body.policy.trim().is_empty();
     if !remove {
-        parse(&body.policy)?;
+        schema::validate(&parse(&body.policy)?, &body.policy)?;
     }
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
@@ -338,7 +338,7 @@ mod tests {
     use super::*;
     use crate::iam::Role;
 
-    const POLICY: &str = r#"
+    pub(super) const POLICY: &str = r#"
         permit(principal, action == Orl::Action::"compute:reservations:create", resource)
         when { context.gpuCount <= 4 && context.durationHours <= 24 };
         permit(principal, action == Orl::Action::"compute:reservations:create", resource)
