@@ -119,9 +119,11 @@ fn measure(
     rounds: usize,
     mut native: impl FnMut(&PlacementRequest) -> bool,
     mut wasm: impl FnMut(&PlacementRequest) -> bool,
+    progress: &indicatif::ProgressBar,
 ) -> (Run, Run) {
     let (mut native_run, mut wasm_run) = (Run::default(), Run::default());
     for (i, request) in std::iter::repeat_n(requests, rounds).flatten().enumerate() {
+        progress.inc(1);
         if i % 2 == 0 {
             native_run.time(|| native(request));
             wasm_run.time(|| wasm(request));
@@ -170,6 +172,11 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
         // Warm both paths once.
         let _ = NativeDefault.place(&stream[0], &nodes);
         let _ = host.place(&component, &stream[0], &nodes, None, 60_000);
+        let progress = crate::progress::bar(
+            (stream.len() * args.rounds.max(1)) as u64,
+            format!("{count} nodes"),
+            "requests",
+        );
         let (native, wasm) = measure(
             &stream,
             args.rounds.max(1),
@@ -179,7 +186,9 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
                 Ok(Err(reason)) => panic!("unschedulable: {reason}"),
                 Err(failure) => panic!("the component failed: {failure:?}"),
             },
+            &progress,
         );
+        progress.finish_and_clear();
         println!(
             "{:>7} {:>10} | {:>12.0} {:>10.3?} {:>10.3?} | {:>12.0} {:>10.3?} {:>10.3?} | {:>5.2}x",
             count,

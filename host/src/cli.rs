@@ -5,8 +5,10 @@ mod client;
 mod compute;
 mod graphql;
 mod iam;
+mod nodes;
 mod plugins;
 mod pools;
+pub mod profile;
 mod provider;
 mod render;
 
@@ -55,23 +57,45 @@ impl Paging {
     }
 }
 
-/// Where and as whom the client talks to the server.
+/// Where and as whom the client talks to the server: a flag, else the environment, else
+/// the profile file (see [`profile`]).
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
-    /// Base URL of the orl server.
-    #[arg(
-        long,
-        global = true,
-        env = "ORL_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    pub url: String,
-    /// API key (`or_…`).
+    /// Base URL of the orl server [default: the profile's `url`, else http://127.0.0.1:8080].
+    #[arg(long, global = true, env = "ORL_URL")]
+    pub url: Option<String>,
+    /// API key (`or_…`) [default: the profile's `key` or `key_file`].
     #[arg(long, global = true, env = "ORL_KEY", hide_env_values = true)]
     pub key: Option<String>,
+    /// The `[profiles.NAME]` table of ~/.config/orl/config.toml (under `XDG_CONFIG_HOME` when
+    /// set) to take the URL and key from; without it, the file's top-level settings.
+    #[arg(long, global = true, env = "ORL_PROFILE")]
+    pub profile: Option<String>,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Print only this field of the API's answer, e.g. `id`, `placement.nodeId` or
+    /// `items.0.id` (a dotted path; numbers index lists): a string as it is, anything
+    /// else as JSON. A missing field is an error.
+    #[arg(long, global = true, value_name = "PATH", conflicts_with = "json")]
+    pub field: Option<String>,
+}
+
+impl Connection {
+    /// The server's URL and the key: each from its flag or environment variable when given,
+    /// otherwise from the profile file (not read when both are given and no profile named).
+    pub fn resolve(&self) -> anyhow::Result<(String, Option<String>)> {
+        let given = self.url.is_some() && self.key.is_some() && self.profile.is_none();
+        let from_profile = if given {
+            profile::Profile::default()
+        } else {
+            profile::load(profile::path().as_deref(), self.profile.as_deref())?
+        };
+        let url = (self.url.clone())
+            .or(from_profile.url)
+            .unwrap_or_else(|| profile::DEFAULT_URL.to_string());
+        Ok((url, self.key.clone().or(from_profile.key)))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -186,6 +210,19 @@ pub enum NodesCommand {
     /// The nodes an org owns, by id, a page at a time.
     List {
         org: String,
+    /// Register or replace many nodes from one JSON file (`-` for stdin): an object whose
+    /// keys are node ids and whose values are inventories as `put` takes them. Shows a
+    /// progress bar on a terminal; the first refusal stops it, naming the node.
+    Import {
+        /// The provider org that owns the nodes.
+        org: String,
+        /// The nodes file.
+        #[arg(long)]
+        file: PathBuf,
+        /// How many nodes are sent at once.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+        parallel: u16,
+    },
         #[command(flatten)]
         page: Paging,
     },
@@ -283,9 +320,13 @@ pub struct UnitRelease {
 }
 
 pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()> {
-    let client = Client::new(&conn.url, conn.key.as_deref())?;
+    if let ClientCommand::Graphql(command) = command {
+        return graphql::run(command);
+    }
+    let (url, key) = conn.resolve()?;
+    let client = Client::new(&url, key.as_deref())?;
     let (value, view): Shown = match command {
-        ClientCommand::Graphql(command) => return graphql::run(command),
+        ClientCommand::Graphql(_) => unreachable!("answered without a server"),
         ClientCommand::Orgs(OrgsCommand::Create { id, name }) => (
             client
                 .post("/v1/orgs", &json!({ "id": id, "name": name }))
@@ -332,6 +373,14 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
                 .get(&page.on(format!("/v1/orgs/{org}/provider/nodes")))
                 .await?,
             render::nodes,
+        ClientCommand::Nodes(NodesCommand::Import {
+            org,
+            file,
+            parallel,
+        }) => (
+            nodes::import(&client, &org, &file, parallel.into()).await?,
+            render::nodes,
+        ),
         ),
         ClientCommand::Nodes(NodesCommand::Get { node_id }) => (
             client.get(&format!("/v1/nodes/{node_id}")).await?,
@@ -373,10 +422,14 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
             (client.get(&path).await?, render::events)
         }
     };
-    if conn.json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        println!("{}", view(&value));
+    let shown = match &conn.field {
+        Some(path) => field(&value, path)?,
+        None if conn.json => serde_json::to_string_pretty(&value)?,
+        None => view(&value),
+    };
+    // A view may show nothing (an org without a policy), and then prints nothing at all.
+    if !shown.is_empty() {
+        println!("{}", shown.strip_suffix('\n').unwrap_or(&shown));
     }
     Ok(())
 }
@@ -386,6 +439,20 @@ fn read_input(path: &Path) -> anyhow::Result<String> {
     if path.as_os_str() == "-" {
         Ok(std::io::read_to_string(std::io::stdin())?)
     } else {
+/// The field of `value` at the dotted `path`: a string as it is, anything else as JSON.
+fn field(value: &Value, path: &str) -> anyhow::Result<String> {
+    let found = path.split('.').try_fold(value, |at, step| match at {
+        Value::Array(items) => step.parse::<usize>().ok().and_then(|i| items.get(i)),
+        Value::Object(fields) => fields.get(step),
+        _ => None,
+    });
+    match found {
+        Some(Value::String(text)) => Ok(text.clone()),
+        Some(other) => Ok(other.to_string()),
+        None => Err(anyhow::anyhow!("the answer has no field {path:?}")),
+    }
+}
+
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
     }
 }

@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod node_reservations;
 pub mod policy;
 pub mod pools;
+pub mod progress;
 pub mod reconciler;
 pub mod replicas;
 pub mod serve;

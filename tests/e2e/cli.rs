@@ -68,6 +68,7 @@ on_both_databases!(
     the_cli_uploads_lists_gets_and_deletes_a_plugin,
     setting_one_pool_policy_from_the_cli_keeps_the_others,
     the_cli_builds_a_request_from_its_flags_and_takes_a_pool_by_name,
+    a_policy_printed_by_get_sets_back_unchanged,
 );
 
 async fn the_cli_takes_a_url_without_a_scheme_and_says_when_no_server_answers(db: Db) {
@@ -445,7 +446,7 @@ permit(principal, action == Orl::Action::"compute:reservations:create", resource
     orl(&server, admin, &words(&set)).await;
     let shown = orl(&server, admin, &words("iam policy get tenant-a")).await;
     assert!(
-        shown.starts_with("// updated ") && shown.contains("context.confirmed"),
+        shown.starts_with("permit(") && shown.contains("context.confirmed"),
         "{shown}"
     );
 
@@ -482,10 +483,10 @@ permit(principal, action == Orl::Action::"compute:reservations:create", resource
 
     std::fs::write(&file, "").unwrap();
     orl(&server, admin, &words(&set)).await;
-    let shown = orl(&server, admin, &words("iam policy get tenant-a")).await;
+    let shown = run_orl(&server, admin, &words("iam policy get tenant-a")).await;
     assert!(
-        shown.contains("no policy"),
-        "an empty file removes it: {shown}"
+        shown.stdout.is_empty() && String::from_utf8_lossy(&shown.stderr).contains("no policy"),
+        "an empty file removes it: {shown:?}"
     );
 }
 
@@ -933,4 +934,280 @@ async fn the_cli_builds_a_request_from_its_flags_and_takes_a_pool_by_name(db: Db
     )
     .await;
     assert!(refused.contains("is not key=value"), "{refused}");
+}
+
+/// Runs `orl args…` with only `env` of the client's settings: none of the caller's `ORL_`
+/// variables, and `HOME` and `XDG_CONFIG_HOME` as `env` gives them (unset otherwise).
+async fn orl_with(env: &[(&str, String)], args: &[&str]) -> Output {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_orl"));
+    command.args(args);
+    for name in [
+        "ORL_URL",
+        "ORL_KEY",
+        "ORL_PROFILE",
+        "HOME",
+        "XDG_CONFIG_HOME",
+    ] {
+        command.env_remove(name);
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
+    command.output().await.unwrap()
+}
+
+/// `HOME` set to `home`, and `more`.
+fn env_with(home: &str, more: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    let mut env = vec![("HOME", home.to_string())];
+    env.extend(more.iter().map(|(k, v)| (*k, v.to_string())));
+    env
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flag_beats_the_environment_which_beats_the_profile_file() {
+    let server = Server::start(Db::Sqlite).await;
+    let (status, body) = server
+        .admin()
+        .post("/v1/orgs", json!({ "id": "tenant-a", "name": "Tenant A" }))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let tenant = server.key_in("tenant-a", json!({ "role": "member" })).await;
+    let admin = server.admin.as_str();
+    let home = tempfile::tempdir().unwrap();
+    let home_path = home.path().to_str().unwrap();
+    let dir = home.path().join(".config/orl");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("admin.key"), format!("{admin}\n")).unwrap();
+    std::fs::write(
+        dir.join("config.toml"),
+        format!(
+            r#"url = "{url}"
+key_file = "admin.key"
+
+[profiles.tenant]
+key = "{tenant}"
+
+[profiles.elsewhere]
+url = "http://127.0.0.1:1"
+"#,
+            url = server.url
+        ),
+    )
+    .unwrap();
+    // Which key called shows in whether it may read the ops org.
+    let as_admin = |output: Output| {
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "called as the admin: {stderr}");
+    };
+    let as_tenant = |output: Output| {
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            stderr.contains("404 NOT_FOUND"),
+            "called as the tenant: {stderr}"
+        );
+    };
+    let ops = ["orgs", "get", "ops"];
+    let with_home = |more: &[(&'static str, &str)]| env_with(home_path, more);
+
+    // The top level of ~/.config/orl/config.toml, its key read from key_file.
+    as_admin(orl_with(&with_home(&[]), &ops).await);
+    // A named profile, by flag or environment; its URL comes from the top level.
+    as_tenant(
+        orl_with(
+            &with_home(&[]),
+            &["--profile", "tenant", "orgs", "get", "ops"],
+        )
+        .await,
+    );
+    as_tenant(orl_with(&with_home(&[("ORL_PROFILE", "tenant")]), &ops).await);
+    // The environment beats the profile, and a flag beats the environment.
+    let (admin_env, tenant_env) = (admin, tenant.as_str());
+    as_admin(
+        orl_with(
+            &with_home(&[("ORL_PROFILE", "tenant"), ("ORL_KEY", admin_env)]),
+            &ops,
+        )
+        .await,
+    );
+    as_tenant(orl_with(&with_home(&[("ORL_KEY", tenant_env)]), &ops).await);
+    as_admin(
+        orl_with(
+            &with_home(&[("ORL_KEY", tenant_env)]),
+            &["--key", admin, "orgs", "get", "ops"],
+        )
+        .await,
+    );
+    // The same for the URL.
+    let unreachable = "cannot reach the orl server at http://127.0.0.1:1";
+    let output = orl_with(&with_home(&[("ORL_PROFILE", "elsewhere")]), &ops).await;
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(unreachable),
+        "{output:?}"
+    );
+    let url_env = server.url.as_str();
+    as_admin(
+        orl_with(
+            &with_home(&[("ORL_PROFILE", "elsewhere"), ("ORL_URL", url_env)]),
+            &ops,
+        )
+        .await,
+    );
+    as_admin(
+        orl_with(
+            &with_home(&[("ORL_URL", "127.0.0.1:1")]),
+            &["--url", server.url.as_str(), "orgs", "get", "ops"],
+        )
+        .await,
+    );
+    let output = orl_with(
+        &with_home(&[]),
+        &["--profile", "nope", "orgs", "get", "ops"],
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("has no [profiles.nope] table"),
+        "{output:?}"
+    );
+
+    // XDG_CONFIG_HOME, when set, is where the file is looked for instead.
+    let xdg = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(xdg.path().join("orl")).unwrap();
+    std::fs::write(
+        xdg.path().join("orl/config.toml"),
+        format!("url = \"http://127.0.0.1:1\"\nkey = \"{admin}\"\n"),
+    )
+    .unwrap();
+    let xdg_path = xdg.path().to_str().unwrap();
+    let output = orl_with(&with_home(&[("XDG_CONFIG_HOME", xdg_path)]), &ops).await;
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(unreachable),
+        "{output:?}"
+    );
+}
+
+/// `nodes import`'s file: `count` nodes `n1`… of 8 H100s, the `bad`-th (if any) with a
+/// unit class that does not exist.
+fn nodes_file(dir: &std::path::Path, count: usize, bad: Option<usize>) -> String {
+    let nodes: serde_json::Map<String, Value> = (1..=count)
+        .map(|n| {
+            let id = format!("n{n}");
+            let mut inventory = h100_inventory(&id, 8);
+            if bad == Some(n) {
+                inventory["units"][0]["class"] = json!("tpu");
+            }
+            (id, inventory)
+        })
+        .collect();
+    let path = dir.join(format!("nodes-{count}-{bad:?}.json"));
+    std::fs::write(&path, Value::Object(nodes).to_string()).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_import_registers_every_node_and_draws_progress_only_on_a_terminal() {
+    let server = Server::start(Db::Sqlite).await;
+    let admin = &server.admin;
+    orl(&server, admin, &words("orgs create acme --name Acme")).await;
+    let dir = server.data_dir.path();
+    let file = nodes_file(dir, 12, None);
+    let output = run_orl(
+        &server,
+        admin,
+        &["nodes", "import", "acme", "--file", &file],
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let table = String::from_utf8(output.stdout).unwrap();
+    for n in 1..=12 {
+        assert!(table.contains(&format!("n{n} ")), "n{n} missing: {table}");
+    }
+    assert!(
+        output.stderr.is_empty(),
+        "no progress when stderr is not a terminal: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let (_, nodes) = server
+        .admin()
+        .get("/v1/orgs/acme/provider/nodes?limit=200")
+        .await;
+    assert_eq!(nodes["items"].as_array().unwrap().len(), 12, "{nodes}");
+
+    // On a terminal (`script` gives the command one), the bar is drawn on it.
+    let line = format!(
+        "{} nodes import acme --file {file} --parallel 2",
+        env!("CARGO_BIN_EXE_orl")
+    );
+    let output = tokio::process::Command::new("script")
+        .args(["--quiet", "--return", "--command", &line, "/dev/null"])
+        .env("ORL_URL", &server.url)
+        .env("ORL_KEY", admin)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("script(1) from util-linux");
+    let screen = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{screen}");
+    assert!(
+        screen.contains("registering for acme") && screen.contains("/12 nodes"),
+        "a progress bar: {screen}"
+    );
+
+    // The first refusal stops the import and names its node.
+    let file = nodes_file(dir, 3, Some(2));
+    let stderr = orl_fails(
+        &server,
+        admin,
+        &["nodes", "import", "acme", "--file", &file],
+    )
+    .await;
+    assert!(
+        stderr.contains("node n2") && stderr.contains("400 INVALID_INPUT"),
+        "{stderr}"
+    );
+}
+
+async fn a_policy_printed_by_get_sets_back_unchanged(db: Db) {
+    let server = Server::start(db).await;
+    let admin = &server.admin;
+    orl(&server, admin, &words("orgs create tenant-a --name Tenant")).await;
+    let output = run_orl(&server, admin, &words("iam policy get tenant-a")).await;
+    assert!(output.status.success(), "{output:?}");
+    assert!(output.stdout.is_empty(), "no policy prints nothing");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("tenant-a has no policy"), "{stderr}");
+
+    let original = include_str!("../../examples/policy.cedar");
+    let file = server.data_dir.path().join("policy.cedar");
+    std::fs::write(&file, original).unwrap();
+    let file = file.to_str().unwrap();
+    for round in 0..3 {
+        orl(
+            &server,
+            admin,
+            &["iam", "policy", "set", "tenant-a", "--file", file],
+        )
+        .await;
+        let shown = orl(&server, admin, &words("iam policy get tenant-a")).await;
+        assert_eq!(shown, original, "round {round}: get prints what set stored");
+        std::fs::write(file, &shown).unwrap();
+    }
+    let (_, stored) = server.admin().get("/v1/orgs/tenant-a/iam/policy").await;
+    assert_eq!(stored["policy"], original);
+
+    // A policy naming what orl never sends is refused, and the one set stays.
+    std::fs::write(
+        file,
+        original.replace("context.gpuModel", "context.gpuModelx"),
+    )
+    .unwrap();
+    let stderr = orl_fails(
+        &server,
+        admin,
+        &["iam", "policy", "set", "tenant-a", "--file", file],
+    )
+    .await;
+    assert!(
+        stderr.contains("400 INVALID_INPUT") && stderr.contains("gpuModelx"),
+        "{stderr}"
+    );
+    let shown = orl(&server, admin, &words("iam policy get tenant-a")).await;
+    assert_eq!(shown, original);
 }

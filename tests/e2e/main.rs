@@ -35,3 +35,4 @@ mod spot;
 mod system;
 mod transitions;
 mod visibility;
+mod walkthrough;

@@ -101,6 +101,10 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
         };
         clients.push(tokio::spawn(client.run(deadline)));
     }
+    let ticking = tick_until(
+        deadline,
+        crate::progress::bar(args.duration.as_secs().max(1), "creating", "s"),
+    );
     let mut latencies = Vec::new();
     let mut codes: BTreeMap<String, usize> = BTreeMap::new();
     let mut ids = Vec::new();
@@ -112,6 +116,7 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
         }
         ids.extend(report.ids);
     }
+    ticking.abort();
     let cpu = server.cpu_seconds()? - cpu_before;
     let creates = latencies.len();
     println!(
@@ -139,6 +144,28 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
     Ok(())
 }
 
+/// Moves `progress` a step a second until `deadline`, then clears it; abort the task to
+/// clear it sooner.
+fn tick_until(deadline: Instant, progress: indicatif::ProgressBar) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _clear = ClearOnDrop(progress.clone());
+        let start = Instant::now();
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            progress.set_position(start.elapsed().as_secs());
+        }
+    })
+}
+
+/// Clears a progress bar when dropped, also when its task is aborted.
+struct ClearOnDrop(indicatif::ProgressBar);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
 /// The window availability searches look over, and future bookings are spread over.
 const SPREAD_DAYS: i64 = 180;
 const HOUR_MS: i64 = 3_600_000;
@@ -149,9 +176,11 @@ async fn spread(tenant: &Api, pool: &str, units: usize, clients: usize) -> anyho
     let started = Instant::now();
     let now = chrono::Utc::now().timestamp_millis();
     let booked = Arc::new(AtomicI64::new(0));
+    let progress = crate::progress::bar(units as u64, "booking ahead", "units");
     let mut tasks = Vec::new();
     for c in 0..clients {
         let (api, pool, booked) = (tenant.clone(), pool.to_string(), booked.clone());
+        let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
             let mut rng = StdRng::seed_from_u64(1_000 + c as u64);
             let mut n = 0;
@@ -171,6 +200,7 @@ async fn spread(tenant: &Api, pool: &str, units: usize, clients: usize) -> anyho
                 }
                 if answer["state"] == "placed" {
                     booked.fetch_add(gpus, Ordering::Relaxed);
+                    progress.inc(gpus as u64);
                 }
             }
             anyhow::Ok(())
@@ -179,6 +209,7 @@ async fn spread(tenant: &Api, pool: &str, units: usize, clients: usize) -> anyho
     for task in tasks {
         task.await??;
     }
+    progress.finish_and_clear();
     println!(
         "  booked {} more units over the next {SPREAD_DAYS} days in {:.1} s",
         booked.load(Ordering::Relaxed),
@@ -278,9 +309,12 @@ async fn setup(admin: &Api, nodes: usize, spread: usize) -> anyhow::Result<(Api,
     });
     use futures::StreamExt as _;
     let mut registrations = registrations.buffer_unordered(8);
+    let progress = crate::progress::bar(nodes as u64, "registering", "nodes");
     while let Some(done) = registrations.next().await {
         done?;
+        progress.inc(1);
     }
+    progress.finish_and_clear();
     let pool = admin
         .send(
             "POST",

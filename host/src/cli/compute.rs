@@ -81,7 +81,7 @@ pub struct CreateArgs {
     #[arg(long)]
     plan: bool,
     /// Send this CreateRequest (JSON, `-` for stdin) instead of one built from the flags;
-    /// --idempotency-key and --wait-ms still apply.
+    /// --idempotency-key and --wait-ms still apply, and its `poolId` may name the pool.
     #[arg(long, conflicts_with_all = ["tenant", "pool", "count", "class", "model", "labels", "nvlink_all", "binding", "gang", "topology_key", "vcpu", "memory_gib", "hugepages", "duration", "start", "lease_seconds", "spot"])]
     request_file: Option<PathBuf>,
 }
@@ -288,6 +288,15 @@ fn availability_request(args: AvailabilityArgs) -> anyhow::Result<Value> {
     Ok(render::without_nulls(request))
 }
 
+/// Replaces a pool name in the request's `poolId` (as a request file may give it) with the
+/// pool's id.
+async fn pool_by_id(client: &Client, request: &mut Value) -> anyhow::Result<()> {
+    if let Some(Value::String(pool)) = request.get_mut("poolId") {
+        *pool = client.pool_id(pool).await?;
+    }
+    Ok(())
+}
+
 /// The create request: from the file, or built from the flags.
 fn create_request(args: CreateArgs) -> anyhow::Result<Value> {
     let mut request = match &args.request_file {
@@ -343,13 +352,15 @@ pub(super) async fn run(
     Ok(match command {
         ComputeReservationsCommand::Create(args) if args.plan => {
             let mut body = create_request(args)?;
+            pool_by_id(client, &mut body).await?;
             if let Some(fields) = body.as_object_mut() {
                 fields.remove("wait");
             }
             (client.post(&call("plan"), &body).await?, render::plan)
         }
         ComputeReservationsCommand::Create(args) => {
-            let body = create_request(args)?;
+            let mut body = create_request(args)?;
+            pool_by_id(client, &mut body).await?;
             (
                 client.post(&call("create"), &body).await?,
                 render::reservation,
@@ -390,7 +401,8 @@ pub(super) async fn run(
             render::reservation,
         ),
         ComputeReservationsCommand::Availability(args) => {
-            let body = availability_request(args)?;
+            let mut body = availability_request(args)?;
+            pool_by_id(client, &mut body).await?;
             (
                 client.post(&call("availability"), &body).await?,
                 render::availability,

@@ -18,13 +18,21 @@ pub enum IamCommand {
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
     /// Set the org's policy from a Cedar file (`-` for stdin); an empty file removes it.
+    /// The server refuses a policy that names an entity type, action or attribute that orl
+    /// never sends.
     Set {
+        /// The org whose policy it is.
         org: String,
+        /// The Cedar file.
         #[arg(long)]
         file: PathBuf,
     },
-    /// Print the org's policy (as Cedar text, ready to edit and set again).
-    Get { org: String },
+    /// Print the org's policy exactly as it was set (nothing when it has none), ready to
+    /// edit and set again; when it was set goes to stderr.
+    Get {
+        /// The org whose policy it is.
+        org: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -45,7 +53,13 @@ pub(super) async fn run_iam(client: &Client, command: IamCommand) -> anyhow::Res
             (client.put(&path(&org), &body).await?, render::policy)
         }
         IamCommand::Policy(PolicyCommand::Get { org }) => {
-            (client.get(&path(&org)).await?, render::policy)
+            let policy = client.get(&path(&org)).await?;
+            match policy["updatedAt"].as_str() {
+                // On stderr, so that what stdout prints can be set again as it is.
+                Some(at) => eprintln!("orl: {org}'s policy, set {at}"),
+                None => eprintln!("orl: {org} has no policy: holding a permission allows"),
+            }
+            (policy, render::policy)
         }
     })
 }

@@ -128,10 +128,16 @@ pub(super) async fn run_plugins(client: &Client, command: PluginsCommand) -> any
                 query_value(&name),
                 query_value(&version)
             );
-            (
-                client.post_bytes(&path, bytes, "application/wasm").await?,
-                render::plugin,
-            )
+            // The server compiles the component before it answers: seconds for a Rust
+            // one, tens of seconds for an interpreted language's.
+            let spinner = crate::progress::spinner(format!(
+                "uploading {} ({} KiB); the server validates and compiles it",
+                file.display(),
+                bytes.len().div_ceil(1024)
+            ));
+            let stored = client.post_bytes(&path, bytes, "application/wasm").await;
+            spinner.finish_and_clear();
+            (stored?, render::plugin)
         }
         PluginsCommand::List => (client.get("/v1/plugins").await?, render::plugins),
         PluginsCommand::Get { id } => (

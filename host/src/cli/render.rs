@@ -518,13 +518,10 @@ pub fn plan(value: &Value) -> String {
     table(&["step", "answer"], rows)
 }
 
-/// An org's policy as Cedar text, so the output can be edited and set again.
+/// An org's policy as the Cedar text it was set with, unchanged, so that it can be edited
+/// and set again as often as needed; nothing when the org has none.
 pub fn policy(value: &Value) -> String {
-    let text = value["policy"].as_str().unwrap_or_default();
-    match value["updatedAt"].as_str() {
-        Some(at) if !text.trim().is_empty() => format!("// updated {at}\n{}", text.trim_end()),
-        _ => "// no policy: holding a permission allows".to_string(),
-    }
+    value["policy"].as_str().unwrap_or_default().to_string()
 }
 
 const CONFIRMATION_HEADER: [&str; 8] = [
