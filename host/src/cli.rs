@@ -207,9 +207,6 @@ pub enum NodesCommand {
         #[arg(long)]
         file: PathBuf,
     },
-    /// The nodes an org owns, by id, a page at a time.
-    List {
-        org: String,
     /// Register or replace many nodes from one JSON file (`-` for stdin): an object whose
     /// keys are node ids and whose values are inventories as `put` takes them. Shows a
     /// progress bar on a terminal; the first refusal stops it, naming the node.
@@ -223,6 +220,9 @@ pub enum NodesCommand {
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
         parallel: u16,
     },
+    /// The nodes an org owns, by id, a page at a time.
+    List {
+        org: String,
         #[command(flatten)]
         page: Paging,
     },
@@ -368,11 +368,6 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
             let path = format!("/v1/orgs/{org}/provider/nodes/{node_id}");
             (client.put(&path, &body).await?, render::node)
         }
-        ClientCommand::Nodes(NodesCommand::List { org, page }) => (
-            client
-                .get(&page.on(format!("/v1/orgs/{org}/provider/nodes")))
-                .await?,
-            render::nodes,
         ClientCommand::Nodes(NodesCommand::Import {
             org,
             file,
@@ -381,6 +376,11 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
             nodes::import(&client, &org, &file, parallel.into()).await?,
             render::nodes,
         ),
+        ClientCommand::Nodes(NodesCommand::List { org, page }) => (
+            client
+                .get(&page.on(format!("/v1/orgs/{org}/provider/nodes")))
+                .await?,
+            render::nodes,
         ),
         ClientCommand::Nodes(NodesCommand::Get { node_id }) => (
             client.get(&format!("/v1/nodes/{node_id}")).await?,
@@ -434,11 +434,6 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The text of `path`, or of stdin for `-`.
-fn read_input(path: &Path) -> anyhow::Result<String> {
-    if path.as_os_str() == "-" {
-        Ok(std::io::read_to_string(std::io::stdin())?)
-    } else {
 /// The field of `value` at the dotted `path`: a string as it is, anything else as JSON.
 fn field(value: &Value, path: &str) -> anyhow::Result<String> {
     let found = path.split('.').try_fold(value, |at, step| match at {
@@ -453,6 +448,11 @@ fn field(value: &Value, path: &str) -> anyhow::Result<String> {
     }
 }
 
+/// The text of `path`, or of stdin for `-`.
+fn read_input(path: &Path) -> anyhow::Result<String> {
+    if path.as_os_str() == "-" {
+        Ok(std::io::read_to_string(std::io::stdin())?)
+    } else {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
     }
 }
