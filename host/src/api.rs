@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod extract;
+mod openapi;
 pub mod rest;
 pub mod rpc;
 
@@ -52,46 +53,12 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The OpenAPI document generated from the handlers' annotations, as served. A body that
-/// may be left out (`Option<T>`) is declared not required and of `T`'s schema, not as
-/// `T` or `null`: a body must be a JSON object, and `null` is refused.
-fn document(openapi: &utoipa::openapi::OpenApi) -> serde_json::Value {
-    let mut doc = serde_json::to_value(openapi).expect("the OpenAPI document serializes");
-    let operations = doc["paths"]
-        .as_object_mut()
-        .into_iter()
-        .flat_map(|paths| paths.values_mut())
-        .filter_map(|item| item.as_object_mut())
-        .flat_map(|item| item.values_mut());
-    for operation in operations {
-        let bodies = operation["requestBody"]["content"]
-            .as_object_mut()
-            .into_iter()
-            .flat_map(|content| content.values_mut());
-        for media in bodies {
-            let Some(alternatives) = media["schema"]["oneOf"].as_array() else {
-                continue;
-            };
-            let not_null: Vec<&serde_json::Value> = alternatives
-                .iter()
-                .filter(|s| s["type"] != "null")
-                .collect();
-            if let [schema] = not_null[..]
-                && not_null.len() < alternatives.len()
-            {
-                media["schema"] = schema.clone();
-            }
-        }
-    }
-    doc
-}
-
 /// Every route of the server, with its middleware.
 pub fn router(app: Arc<App>) -> Router {
     let (rest, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(rest::router())
         .split_for_parts();
-    let openapi = Arc::new(document(&openapi));
+    let openapi = Arc::new(openapi::document(&openapi));
     let rest = if app.clock.is_manual() {
         rest.route("/v1/clock", axum::routing::post(set_clock))
     } else {

@@ -189,8 +189,11 @@ pub enum KeysCommand {
         #[arg(long)]
         agent: bool,
     },
+    /// The org's keys, oldest first, a page at a time; secrets are never shown.
     List {
         org: String,
+        #[command(flatten)]
+        page: Paging,
     },
     Revoke {
         org: String,
@@ -353,8 +356,10 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
                 render::object,
             )
         }
-        ClientCommand::Keys(KeysCommand::List { org }) => (
-            client.get(&format!("/v1/orgs/{org}/api-keys")).await?,
+        ClientCommand::Keys(KeysCommand::List { org, page }) => (
+            client
+                .get(&page.on(format!("/v1/orgs/{org}/api-keys")))
+                .await?,
             render::keys,
         ),
         ClientCommand::Keys(KeysCommand::Revoke { org, key_id }) => {

@@ -208,7 +208,7 @@ Try:
 /// offer to the tenant, made when the tenant has none.
 async fn seed_pool(app: &App) -> anyhow::Result<Pool> {
     let system = Principal::system();
-    let existing = pools::list(app, &system)
+    let existing = pools::every(app, &system)
         .await?
         .into_iter()
         .find(|p| p.owner_org_id == PROVIDER_ORG && p.name == POOL_NAME);
@@ -224,7 +224,7 @@ async fn seed_pool(app: &App) -> anyhow::Result<Pool> {
             pools::create(app, &system, new).await?
         }
     };
-    let offers = pools::list_offers(app, &system, &pool.id).await?;
+    let offers = pools::every_offer(app, &system, &pool.id).await?;
     if !offers.iter().any(|o| o.tenant_id == TENANT_ORG) {
         let offer = NewOffer {
             tenant_id: TENANT_ORG.into(),

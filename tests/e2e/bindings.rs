@@ -120,7 +120,7 @@ impl World {
             .admin()
             .get(&format!("/v1/pools/{}/offers", self.pool))
             .await;
-        offers
+        offers["items"]
             .as_array()
             .unwrap()
             .iter()

@@ -404,7 +404,11 @@ async fn the_cli_pools_offers_and_books_compute_through_its_lifecycle(db: Db) {
         "{released}"
     );
     let offers = orl_json(&server, admin, &words(&format!("pools offers {pool}"))).await;
-    assert_eq!(offers[0]["used"], json!({}), "quota refunded: {offers}");
+    assert_eq!(
+        offers["items"][0]["used"],
+        json!({}),
+        "quota refunded: {offers}"
+    );
 
     let events = orl(&server, tenant, &["events"]).await;
     for kind in [
@@ -458,8 +462,8 @@ permit(principal, action == Orl::Action::"compute:reservations:create", resource
     assert!(stderr.contains("403 CONFIRMATION_REQUIRED"), "{stderr}");
     let list = words("confirmations list tenant-a");
     let pending = orl_json(&server, person, &list).await;
-    assert_eq!(pending[0]["state"], "pending", "{pending}");
-    let confirmation = pending[0]["id"].as_str().unwrap();
+    assert_eq!(pending["items"][0]["state"], "pending", "{pending}");
+    let confirmation = pending["items"][0]["id"].as_str().unwrap();
     let table = orl(&server, person, &list).await;
     assert!(
         table.contains(confirmation) && table.contains("gpuCount=4"),

@@ -91,7 +91,7 @@ impl World {
             .admin()
             .get(&format!("/v1/pools/{}/offers", self.pool))
             .await;
-        offers[0]["used"]["gpu"].as_i64().unwrap_or(0)
+        offers["items"][0]["used"]["gpu"].as_i64().unwrap_or(0)
     }
 
     async fn call(&self, method: &str, id: &Value) -> (StatusCode, Value) {
@@ -832,8 +832,8 @@ async fn an_agents_refused_create_is_confirmed_by_a_person(db: Db) {
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "still a draft");
     let (_, pending) = w.tenant.get("/v1/orgs/tenant-a/confirmations").await;
-    assert_eq!(pending[0]["state"], "pending");
-    assert_eq!(pending[0]["attributes"]["gpuCount"], 4);
+    assert_eq!(pending["items"][0]["state"], "pending");
+    assert_eq!(pending["items"][0]["attributes"]["gpuCount"], 4);
     let (status, err) = agent
         .post(
             &format!("/v1/orgs/tenant-a/confirmations/{confirmation}/approve"),

@@ -192,8 +192,7 @@ fn demo_keys(server: &Server) -> (String, String) {
 async fn demo_pool(api: &Api) -> String {
     let (status, pools) = api.get("/v1/pools").await;
     assert_eq!(status, StatusCode::OK, "{pools}");
-    let list = pools.get("items").unwrap_or(&pools);
-    list.as_array().unwrap()[0]["id"]
+    pools["items"].as_array().unwrap()[0]["id"]
         .as_str()
         .unwrap()
         .to_string()

@@ -201,7 +201,7 @@ impl World {
             .admin()
             .get(&format!("/v1/pools/{}/offers", self.pool))
             .await;
-        serde_json::from_value(offers[0]["used"].clone()).unwrap_or_default()
+        serde_json::from_value(offers["items"][0]["used"].clone()).unwrap_or_default()
     }
 
     async fn used_of(&self, resource: &str) -> i64 {

@@ -553,7 +553,7 @@ async fn mutations_follow_rest_semantics_and_carry_rest_error_codes(db: Db) {
     );
     let (_, offers) = admin.get(&format!("/v1/pools/{}/offers", w.pool)).await;
     assert_eq!(
-        offers[0]["used"]["gpu"].as_i64().unwrap_or(0),
+        offers["items"][0]["used"]["gpu"].as_i64().unwrap_or(0),
         0,
         "quota refunded as over REST"
     );

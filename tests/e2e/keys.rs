@@ -41,7 +41,7 @@ async fn a_created_key_shows_its_secret_once_and_authenticates(db: Db) {
 
     let (status, list) = server.admin().get("/v1/orgs/acme/api-keys").await;
     assert_eq!(status, StatusCode::OK);
-    let listed = list.as_array().unwrap();
+    let listed = list["items"].as_array().unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0]["id"], created["id"]);
     assert!(listed[0].get("key").is_none(), "no secret in the list");
@@ -93,7 +93,7 @@ async fn a_revoked_key_stops_authenticating_at_once(db: Db) {
     let member = server.org_with_key("acme", "member").await;
     assert_eq!(member.get("/v1/orgs/acme").await.0, StatusCode::OK);
     let (_, list) = server.admin().get("/v1/orgs/acme/api-keys").await;
-    let id = list[0]["id"].as_str().unwrap();
+    let id = list["items"][0]["id"].as_str().unwrap();
     let (status, _) = server
         .admin()
         .delete(&format!("/v1/orgs/acme/api-keys/{id}"))
@@ -102,7 +102,7 @@ async fn a_revoked_key_stops_authenticating_at_once(db: Db) {
     let (status, body) = member.get("/v1/orgs/acme").await;
     assert_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
     let (_, list) = server.admin().get("/v1/orgs/acme/api-keys").await;
-    assert!(list[0]["revokedAt"].is_string());
+    assert!(list["items"][0]["revokedAt"].is_string());
     let (status, _) = server
         .admin()
         .delete(&format!("/v1/orgs/acme/api-keys/{id}"))
@@ -190,7 +190,7 @@ async fn role_and_permissions_together_are_refused(db: Db) {
     assert_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_INPUT");
     assert_eq!(
         server.admin().get("/v1/orgs/acme/api-keys").await.1,
-        json!([])
+        json!({ "items": [] })
     );
 }
 
@@ -227,7 +227,7 @@ async fn keys_of_another_org_are_not_found(db: Db) {
     let a = server.org_with_key("tenant-a", "admin").await;
     server.org_with_key("tenant-b", "admin").await;
     let (_, b_keys) = server.admin().get("/v1/orgs/tenant-b/api-keys").await;
-    let b_key = b_keys[0]["id"].as_str().unwrap();
+    let b_key = b_keys["items"][0]["id"].as_str().unwrap();
     for (method, path) in [
         (Method::GET, "/v1/orgs/tenant-b/api-keys".to_string()),
         (Method::POST, "/v1/orgs/tenant-b/api-keys".to_string()),

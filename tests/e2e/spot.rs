@@ -45,7 +45,7 @@ async fn gpus_used(server: &Server, pool: &str, tenant: &str) -> i64 {
         .admin()
         .get(&format!("/v1/pools/{pool}/offers"))
         .await;
-    offers
+    offers["items"]
         .as_array()
         .unwrap()
         .iter()

@@ -50,8 +50,10 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
     /// 1-200, default 50.
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
     /// The `cursor` of the previous page.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,128}$", max_length = 128)]
     cursor: Option<String>,
 }
 

@@ -33,9 +33,10 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 
 /// Books devices of one pool for a time window after one IAM decision on the draft;
 /// returns the reservation, `placed` or `pending`.
-#[utoipa::path(post, path = "/api/compute/reservations/create", tag = "compute-reservations", request_body = CreateRequest,
+#[utoipa::path(post, path = "/api/compute/reservations/create", operation_id = "compute_reservations_create", tag = "compute-reservations", request_body = CreateRequest,
     responses((status = 200, body = ComputeReservation), (status = 400, body = ErrorEnvelope), (status = 402, body = ErrorEnvelope),
-              (status = 403, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+              (status = 403, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope),
+              (status = 502, body = ErrorEnvelope)))]
 async fn create(
     State(app): State<Arc<App>>,
     caller: Principal,
@@ -45,7 +46,7 @@ async fn create(
 }
 
 /// One reservation of the tenant; drafts are `NOT_FOUND`.
-#[utoipa::path(post, path = "/api/compute/reservations/get", tag = "compute-reservations", request_body = ReservationRef,
+#[utoipa::path(post, path = "/api/compute/reservations/get", operation_id = "compute_reservations_get", tag = "compute-reservations", request_body = ReservationRef,
     responses((status = 200, body = ComputeReservation), (status = 404, body = ErrorEnvelope)))]
 async fn get(
     State(app): State<Arc<App>>,
@@ -56,7 +57,7 @@ async fn get(
 }
 
 /// The tenant's reservations newest first, drafts skipped, one page at a time.
-#[utoipa::path(post, path = "/api/compute/reservations/list", tag = "compute-reservations", request_body = ListInput,
+#[utoipa::path(post, path = "/api/compute/reservations/list", operation_id = "compute_reservations_list", tag = "compute-reservations", request_body = ListInput,
     responses((status = 200, body = ReservationPage), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
 async fn list(
     State(app): State<Arc<App>>,
@@ -68,7 +69,7 @@ async fn list(
 
 /// Ends a reservation now: bookings released, quota refunded, `released` (a pending one is
 /// `cancelled`).
-#[utoipa::path(post, path = "/api/compute/reservations/release", tag = "compute-reservations", request_body = ReservationRef,
+#[utoipa::path(post, path = "/api/compute/reservations/release", operation_id = "compute_reservations_release", tag = "compute-reservations", request_body = ReservationRef,
     responses((status = 200, body = ComputeReservation), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
 async fn release(
     State(app): State<Arc<App>>,
@@ -79,7 +80,7 @@ async fn release(
 }
 
 /// Withdraws a reservation that has not started (`pending` or `placed`).
-#[utoipa::path(post, path = "/api/compute/reservations/cancel", tag = "compute-reservations", request_body = ReservationRef,
+#[utoipa::path(post, path = "/api/compute/reservations/cancel", operation_id = "compute_reservations_cancel", tag = "compute-reservations", request_body = ReservationRef,
     responses((status = 200, body = ComputeReservation), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
 async fn cancel(
     State(app): State<Arc<App>>,
@@ -90,9 +91,10 @@ async fn cancel(
 }
 
 /// Moves the end of a placed, binding or active reservation later, all or nothing.
-#[utoipa::path(post, path = "/api/compute/reservations/extend", tag = "compute-reservations", request_body = ExtendInput,
-    responses((status = 200, body = Extended), (status = 400, body = ErrorEnvelope), (status = 403, body = ErrorEnvelope),
-              (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
+#[utoipa::path(post, path = "/api/compute/reservations/extend", operation_id = "compute_reservations_extend", tag = "compute-reservations", request_body = ExtendInput,
+    responses((status = 200, body = Extended), (status = 400, body = ErrorEnvelope), (status = 402, body = ErrorEnvelope),
+              (status = 403, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope),
+              (status = 502, body = ErrorEnvelope)))]
 async fn extend(
     State(app): State<Arc<App>>,
     caller: Principal,
@@ -102,7 +104,7 @@ async fn extend(
 }
 
 /// Moves the lease deadline to now plus `leaseSeconds`.
-#[utoipa::path(post, path = "/api/compute/reservations/renew", tag = "compute-reservations", request_body = ReservationRef,
+#[utoipa::path(post, path = "/api/compute/reservations/renew", operation_id = "compute_reservations_renew", tag = "compute-reservations", request_body = ReservationRef,
     responses((status = 200, body = ComputeReservation), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
 async fn renew(
     State(app): State<Arc<App>>,
@@ -114,7 +116,7 @@ async fn renew(
 
 /// The earliest starts in a window at which a request fits, with the nodes and units it
 /// would get, and whether quota and budget would take it now. Writes nothing.
-#[utoipa::path(post, path = "/api/compute/reservations/availability", tag = "compute-reservations", request_body = AvailabilityRequest,
+#[utoipa::path(post, path = "/api/compute/reservations/availability", operation_id = "compute_reservations_availability", tag = "compute-reservations", request_body = AvailabilityRequest,
     responses((status = 200, body = Availability), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope),
               (status = 502, body = ErrorEnvelope)))]
 async fn availability(
@@ -128,7 +130,7 @@ async fn availability(
 /// What `create` would do with the request now, step by step: the IAM decision, the quota
 /// charge, the spend-guard's answer, the placement and any spot work preempted. Writes
 /// nothing.
-#[utoipa::path(post, path = "/api/compute/reservations/plan", tag = "compute-reservations", request_body = CreateRequest,
+#[utoipa::path(post, path = "/api/compute/reservations/plan", operation_id = "compute_reservations_plan", tag = "compute-reservations", request_body = CreateRequest,
     responses((status = 200, body = Plan), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope),
               (status = 409, body = ErrorEnvelope), (status = 502, body = ErrorEnvelope)))]
 async fn plan(

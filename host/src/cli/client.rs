@@ -37,18 +37,27 @@ impl Client {
     }
 
     /// The id of the pool `pool` names: an id (`pool_…`) as it is, or the name of exactly
-    /// one of the pools the key sees.
+    /// one of the pools the key sees (every page of them is read).
     pub async fn pool_id(&self, pool: &str) -> anyhow::Result<String> {
         if pool.starts_with("pool_") {
             return Ok(pool.to_string());
         }
-        let pools = self.get("/v1/pools").await?;
-        let named: Vec<&str> = (pools.as_array().into_iter().flatten())
-            .filter(|p| p["name"] == pool)
-            .filter_map(|p| p["id"].as_str())
-            .collect();
+        let mut named: Vec<String> = Vec::new();
+        let mut path = "/v1/pools?limit=200".to_string();
+        loop {
+            let page = self.get(&path).await?;
+            named.extend(
+                (page["items"].as_array().into_iter().flatten())
+                    .filter(|p| p["name"] == pool)
+                    .filter_map(|p| p["id"].as_str().map(str::to_string)),
+            );
+            match page["cursor"].as_str() {
+                Some(cursor) => path = format!("/v1/pools?limit=200&cursor={cursor}"),
+                None => break,
+            }
+        }
         match named.as_slice() {
-            [id] => Ok(id.to_string()),
+            [id] => Ok(id.clone()),
             [] => Err(anyhow!("no pool named {pool:?} is visible to this key")),
             ids => Err(anyhow!(
                 "{} pools are named {pool:?} ({}): give the id",

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Subcommand;
 use serde_json::json;
 
-use super::{Client, Shown, read_input, render};
+use super::{Client, Paging, Shown, read_input, render};
 
 #[derive(Debug, Subcommand)]
 pub enum IamCommand {
@@ -37,8 +37,12 @@ pub enum PolicyCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ConfirmationsCommand {
-    /// The org's confirmation requests, newest first.
-    List { org: String },
+    /// The org's confirmation requests, newest first, a page at a time.
+    List {
+        org: String,
+        #[command(flatten)]
+        page: Paging,
+    },
     /// Approve a pending request; the agent's retry with the same key continues it.
     Approve { org: String, id: String },
     /// Deny a pending request; the agent's retry is refused.
@@ -70,9 +74,10 @@ pub(super) async fn run_confirmations(
 ) -> anyhow::Result<Shown> {
     let base = |org: &str| format!("/v1/orgs/{org}/confirmations");
     Ok(match command {
-        ConfirmationsCommand::List { org } => {
-            (client.get(&base(&org)).await?, render::confirmations)
-        }
+        ConfirmationsCommand::List { org, page } => (
+            client.get(&page.on(base(&org))).await?,
+            render::confirmations,
+        ),
         ConfirmationsCommand::Approve { org, id } => (
             client
                 .post(&format!("{}/{id}/approve", base(&org)), &json!({}))

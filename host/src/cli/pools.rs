@@ -7,7 +7,7 @@ use clap::Subcommand;
 use serde_json::{Map, Value, json};
 
 use super::plugins::{self, PoliciesCommand};
-use super::{Client, Shown, read_json, render};
+use super::{Client, Paging, Shown, read_json, render};
 
 #[derive(Debug, Subcommand)]
 pub enum PoolsCommand {
@@ -30,8 +30,12 @@ pub enum PoolsCommand {
         #[arg(long, value_parser = ["default", "pool-lease"])]
         placer: Option<String>,
     },
-    /// The pools the caller owns or is offered (every pool, for platform operators).
-    List,
+    /// The pools the caller owns or is offered (every pool, for platform operators), by
+    /// id, a page at a time.
+    List {
+        #[command(flatten)]
+        page: Paging,
+    },
     Get {
         /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
@@ -64,10 +68,13 @@ pub enum PoolsCommand {
         #[arg(long)]
         budget: Option<i64>,
     },
-    /// The pool's offers with what each tenant uses of its quota.
+    /// The pool's offers with what each tenant uses of its quota, by tenant, a page at a
+    /// time.
     Offers {
         /// The pool: its id (`pool_…`) or its name.
         pool_id: String,
+        #[command(flatten)]
+        page: Paging,
     },
     /// The policy plugins a pool runs (placement, preemption, spend guard).
     #[command(subcommand)]
@@ -82,9 +89,9 @@ impl PoolsCommand {
             | PoolsCommand::SetNodes { pool_id, .. }
             | PoolsCommand::Archive { pool_id }
             | PoolsCommand::Offer { pool_id, .. }
-            | PoolsCommand::Offers { pool_id } => pool_id,
+            | PoolsCommand::Offers { pool_id, .. } => pool_id,
             PoolsCommand::Policies(command) => command.pool_id(),
-            PoolsCommand::Create { .. } | PoolsCommand::List => return Ok(self),
+            PoolsCommand::Create { .. } | PoolsCommand::List { .. } => return Ok(self),
         };
         *pool_id = client.pool_id(pool_id).await?;
         Ok(self)
@@ -131,7 +138,10 @@ pub(super) async fn run(client: &Client, command: PoolsCommand) -> anyhow::Resul
                 json!({ "name": name, "ownerOrgId": owner, "nodeIds": node_ids, "policy": policy });
             (client.post("/v1/pools", &body).await?, render::pool)
         }
-        PoolsCommand::List => (client.get("/v1/pools").await?, render::pools),
+        PoolsCommand::List { page } => (
+            client.get(&page.on("/v1/pools".to_string())).await?,
+            render::pools,
+        ),
         PoolsCommand::Get { pool_id } => (
             client.get(&format!("/v1/pools/{pool_id}")).await?,
             render::pool,
@@ -173,8 +183,10 @@ pub(super) async fn run(client: &Client, command: PoolsCommand) -> anyhow::Resul
                 render::offer,
             )
         }
-        PoolsCommand::Offers { pool_id } => (
-            client.get(&format!("/v1/pools/{pool_id}/offers")).await?,
+        PoolsCommand::Offers { pool_id, page } => (
+            client
+                .get(&page.on(format!("/v1/pools/{pool_id}/offers")))
+                .await?,
             render::offers,
         ),
         PoolsCommand::Policies(command) => plugins::run_policies(client, command).await?,

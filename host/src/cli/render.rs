@@ -53,13 +53,14 @@ pub fn object(value: &Value) -> String {
 }
 
 pub fn keys(value: &Value) -> String {
-    let rows = value.as_array().into_iter().flatten().map(|k| {
+    let rows = value["items"].as_array().into_iter().flatten().map(|k| {
         ["id", "name", "role", "agent", "createdAt", "revokedAt"]
             .iter()
             .map(|f| cell(&k[*f]))
             .collect()
     });
-    table(&["id", "name", "role", "agent", "created", "revoked"], rows)
+    let out = table(&["id", "name", "role", "agent", "created", "revoked"], rows);
+    more(out, value, "--cursor")
 }
 
 pub fn nodes(value: &Value) -> String {
@@ -259,10 +260,12 @@ fn pool_row(p: &Value) -> Vec<String> {
 }
 
 pub fn pools(value: &Value) -> String {
-    table(
-        &POOL_HEADER,
-        value.as_array().into_iter().flatten().map(pool_row),
-    )
+    let rows = value["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(pool_row);
+    more(table(&POOL_HEADER, rows), value, "--cursor")
 }
 
 pub fn pool(value: &Value) -> String {
@@ -311,10 +314,12 @@ fn offer_row(o: &Value) -> Vec<String> {
 }
 
 pub fn offers(value: &Value) -> String {
-    table(
-        &OFFER_HEADER,
-        value.as_array().into_iter().flatten().map(offer_row),
-    )
+    let rows = value["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(offer_row);
+    more(table(&OFFER_HEADER, rows), value, "--cursor")
 }
 
 pub fn offer(value: &Value) -> String {
@@ -557,10 +562,12 @@ fn confirmation_row(c: &Value) -> Vec<String> {
 }
 
 pub fn confirmations(value: &Value) -> String {
-    table(
-        &CONFIRMATION_HEADER,
-        value.as_array().into_iter().flatten().map(confirmation_row),
-    )
+    let rows = value["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(confirmation_row);
+    more(table(&CONFIRMATION_HEADER, rows), value, "--cursor")
 }
 
 pub fn confirmation(value: &Value) -> String {

@@ -74,7 +74,7 @@ pub async fn pools(
 ) -> Result<Vec<PoolCounts>> {
     let pools = match pool_id {
         Some(id) => vec![store::get(app, caller, id).await?],
-        None => store::list(app, caller).await?,
+        None => store::every(app, caller).await?,
     };
     let now = app.now_ms();
     let mut counted = Vec::with_capacity(pools.len());

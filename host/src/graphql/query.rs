@@ -91,7 +91,9 @@ impl Query {
     }
 
     /// Node reservations, newest first: those on `nodeId`, or those whose audience
-    /// includes `orgId` (exactly one of the two), optionally of one `status`.
+    /// includes `orgId` (exactly one of the two), optionally of one `status`. An org's are
+    /// read a page at a time; a node's are read whole (who may see each one depends on all
+    /// of the node's reservations) and then cut.
     #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
     async fn node_reservations(
         &self,
@@ -116,11 +118,24 @@ impl Query {
                     Error::invalid("nodeId", "give exactly one of nodeId and orgId").into(),
                 );
             }
-        };
-        let found = found.into_iter().map(NodeReservation::from).collect();
-        Ok(page::slice(found, first, after, |r: &NodeReservation| {
-            r.id.clone()
-        })?)
+            (None, Some(org_id)) => {
+                let first = limits::page_size(first)?;
+                if let Some(after) = &after {
+                    validation::id("after", after)?;
+                }
+                let (found, cursor) =
+                    queries::page_for_org(app, caller, &org_id, status, after.as_deref(), first)
+                        .await?;
+                let found = found.into_iter().map(NodeReservation::from).collect();
+                Ok(page::of_page(
+                    found,
+                    after.is_some(),
+                    cursor.is_some(),
+                    cursor_of,
+                ))
+            }
+            _ => Err(Error::invalid("nodeId", "give exactly one of nodeId and orgId").into()),
+        }
     }
 
     /// A tenant's compute reservations newest first, drafts skipped, filtered as the RPC's
@@ -190,7 +205,7 @@ impl Query {
 
     /// The pools the caller owns or is offered (all of them, for platform operators).
     async fn pools(&self, ctx: &Context<'_>) -> Result<Vec<Pool>> {
-        let pools = store::list(app(ctx), caller(ctx)?).await?;
+        let pools = store::every(app(ctx), caller(ctx)?).await?;
         Ok(pools.into_iter().map(Pool::from).collect())
     }
 
@@ -202,7 +217,7 @@ impl Query {
     /// A pool's offers with quota used and remaining: all for its managers, a tenant's own
     /// for a tenant.
     async fn offers(&self, ctx: &Context<'_>, pool_id: String) -> Result<Vec<Offer>> {
-        let offers = store::list_offers(app(ctx), caller(ctx)?, &pool_id).await?;
+        let offers = store::every_offer(app(ctx), caller(ctx)?, &pool_id).await?;
         Ok(offers.into_iter().map(Offer::from).collect())
     }
 

@@ -91,17 +91,27 @@ pub async fn find(conn: &mut AnyConnection, id: &str) -> Result<Option<Confirmat
     Ok(row.as_ref().map(from_row))
 }
 
-/// The org's confirmation requests, newest first.
-pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<Confirmation>> {
+/// The org's confirmation requests newest first (by id, which is time-ordered), at most
+/// `limit` of them older than the request `before`.
+pub async fn list(
+    app: &App,
+    caller: &Principal,
+    org_id: &str,
+    before: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Confirmation>> {
     caller.require_for(
         Permission::ComputeRead,
         org_id,
         format_args!("org {org_id}"),
     )?;
     let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM confirmations WHERE org_id = $1 ORDER BY created_at DESC, id DESC"
+        "SELECT {COLUMNS} FROM confirmations WHERE org_id = $1 AND ($2 = '' OR id < $2)
+         ORDER BY id DESC LIMIT $3"
     ))
     .bind(org_id)
+    .bind(before.unwrap_or(""))
+    .bind(limit as i64)
     .fetch_all(app.store.pool())
     .await?;
     Ok(rows.iter().map(from_row).collect())

@@ -273,8 +273,15 @@ fn from_row(r: &AnyRow) -> (ApiKey, BTreeSet<Permission>) {
     (key, permissions)
 }
 
-/// The org's keys, oldest first, revoked ones included.
-pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<ApiKey>> {
+/// The org's keys, revoked ones included, by id (key ids are time-ordered: oldest first),
+/// at most `limit` of them after the key `after`.
+pub async fn list(
+    app: &App,
+    caller: &Principal,
+    org_id: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<ApiKey>> {
     caller.require_for(Permission::KeysManage, org_id, format_args!("org {org_id}"))?;
     if crate::iam::orgs::find(app.store.pool(), org_id)
         .await?
@@ -283,9 +290,11 @@ pub async fn list(app: &App, caller: &Principal, org_id: &str) -> Result<Vec<Api
         return Err(Error::not_found(format_args!("org {org_id}")));
     }
     let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM api_keys WHERE org_id = $1 ORDER BY created_at, id"
+        "SELECT {COLUMNS} FROM api_keys WHERE org_id = $1 AND id > $2 ORDER BY id LIMIT $3"
     ))
     .bind(org_id)
+    .bind(after.unwrap_or(""))
+    .bind(limit as i64)
     .fetch_all(app.store.pool())
     .await?;
     Ok(rows.iter().map(|r| from_row(r).0).collect())

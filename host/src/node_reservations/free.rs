@@ -21,16 +21,20 @@ const BATCH: i64 = 500;
 #[into_params(parameter_in = Query)]
 pub struct FreeQuery {
     /// How many units a node must have free (1-1024).
+    #[param(minimum = 1, maximum = 1024)]
     pub unit_count: i64,
     /// RFC 3339; defaults to now.
     pub from: Option<String>,
     /// RFC 3339; without it, from `from` on, for good.
     pub to: Option<String>,
     /// Only units of this model.
+    #[param(max_length = 128)]
     pub model: Option<String>,
     /// 1-200, default 50.
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
     /// The `cursor` of the previous page.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,128}$", max_length = 128)]
     pub cursor: Option<String>,
 }
 

@@ -336,6 +336,91 @@ pub async fn list_for_org(
         .collect())
 }
 
+/// One page of the reservations whose audience includes `org_id`, newest first (by id,
+/// which is time-ordered): at most `limit` of those older than the reservation `before`,
+/// optionally of one status, read as one page from the database; and the cursor of the
+/// next page while more remain. Readable by the org's members and platform operators.
+pub async fn page_for_org(
+    app: &App,
+    caller: &Principal,
+    org_id: &str,
+    status: Option<Status>,
+    before: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<NodeReservation>, Option<String>)> {
+    caller.require_for(
+        Permission::ReservationRead,
+        org_id,
+        format_args!("org {org_id}"),
+    )?;
+    if crate::iam::orgs::find(app.store.pool(), org_id)
+        .await?
+        .is_none()
+    {
+        return Err(Error::not_found(format_args!("org {org_id}")));
+    }
+    let now = app.now_ms();
+    // The status follows the clock: `status()` in SQL, with `$4` the instant.
+    let open = "(ends_at IS NULL OR ends_at > $4)";
+    let status_clause = match status {
+        None => String::new(),
+        Some(Status::Cancelled) => " AND lifecycle = 'cancelled'".to_string(),
+        Some(Status::Expired) => {
+            " AND lifecycle <> 'cancelled' AND ends_at IS NOT NULL AND ends_at <= $4".to_string()
+        }
+        Some(Status::NeedsReview) => format!(" AND lifecycle = 'needs-review' AND {open}"),
+        Some(Status::Pending) => {
+            format!(" AND lifecycle = 'granted' AND {open} AND starts_at > $4")
+        }
+        Some(Status::Active) => {
+            format!(" AND lifecycle = 'granted' AND {open} AND starts_at <= $4")
+        }
+    };
+    let sql = format!(
+        "SELECT id, node_id, allowed_org_ids, managing_org_ids, starts_at, ends_at, lifecycle, topology_gen,
+                contract_ref, reason, created_at, updated_at
+         FROM node_reservations
+         WHERE allowed_org_ids LIKE $1 AND ($2 = '' OR id < $2){status_clause}
+         ORDER BY id DESC LIMIT $3"
+    );
+    let mut query = sqlx::query(&sql)
+        .bind(format!("%\"{org_id}\"%"))
+        .bind(before.unwrap_or(""))
+        .bind(limit as i64 + 1);
+    if status.is_some() {
+        query = query.bind(now);
+    }
+    let mut conn = app.store.pool().acquire().await?;
+    let mut rows = query.fetch_all(&mut *conn).await?;
+    let more = crate::store::cut(&mut rows, limit);
+    let cursor = more
+        .then(|| rows.last().map(|r| r.get::<String, _>("id")))
+        .flatten();
+    if rows.is_empty() {
+        return Ok((Vec::new(), cursor));
+    }
+    let ids: Vec<String> = rows.iter().map(|r| r.get("id")).collect();
+    let units_sql = format!(
+        "SELECT reservation_id, unit_id, released FROM node_reservation_units
+         WHERE reservation_id IN ({}) ORDER BY reservation_id, position",
+        crate::store::placeholders(1, ids.len())
+    );
+    let mut units = sqlx::query(&units_sql);
+    for id in &ids {
+        units = units.bind(id);
+    }
+    let units = units.fetch_all(&mut *conn).await?;
+    // `LIKE` reads `_` as any character: the audience is checked exactly here, so a page
+    // may hold fewer than `limit` while its cursor goes on from where the read stopped.
+    let items = assemble(&rows, &units)?
+        .iter()
+        .filter(|r| r.allowed_org_ids.iter().any(|o| o == org_id))
+        .map(|r| r.view(now))
+        .filter(|v| status.is_none_or(|s| v.status == s))
+        .collect();
+    Ok((items, cursor))
+}
+
 /// Parses an optional `status` filter.
 pub fn parse_status(value: Option<&str>) -> Result<Option<Status>> {
     value

@@ -364,19 +364,30 @@ pub async fn get(app: &App, caller: &Principal, pool_id: &str) -> Result<Pool> {
     }
 }
 
-/// The pools the caller sees, oldest first.
-pub async fn list(app: &App, caller: &Principal) -> Result<Vec<Pool>> {
+/// The pools the caller sees (every pool for platform operators), by id, at most `limit`
+/// of them after the pool `after`. Pool ids are time-ordered, so this is oldest first.
+pub async fn list(
+    app: &App,
+    caller: &Principal,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Pool>> {
     let mut conn = app.store.pool().acquire().await?;
     let ids: Vec<String> = if caller.is_ops() {
-        sqlx::query_scalar("SELECT id FROM pools ORDER BY id")
+        sqlx::query_scalar("SELECT id FROM pools WHERE id > $1 ORDER BY id LIMIT $2")
+            .bind(after.unwrap_or(""))
+            .bind(limit as i64)
             .fetch_all(&mut *conn)
             .await?
     } else {
         sqlx::query_scalar(
-            "SELECT id FROM pools WHERE owner_org_id = $1
-             OR id IN (SELECT pool_id FROM offers WHERE tenant_id = $1) ORDER BY id",
+            "SELECT id FROM pools WHERE (owner_org_id = $1
+             OR id IN (SELECT pool_id FROM offers WHERE tenant_id = $1))
+             AND id > $2 ORDER BY id LIMIT $3",
         )
         .bind(&caller.org_id)
+        .bind(after.unwrap_or(""))
+        .bind(limit as i64)
         .fetch_all(&mut *conn)
         .await?
     };
@@ -387,6 +398,12 @@ pub async fn list(app: &App, caller: &Principal) -> Result<Vec<Pool>> {
         }
     }
     Ok(pools)
+}
+
+/// Every pool the caller sees, by id: for summaries that cover all of them (the fleet
+/// counts, GraphQL's `pools`), which read each pool anyway.
+pub async fn every(app: &App, caller: &Principal) -> Result<Vec<Pool>> {
+    list(app, caller, None, i64::MAX as usize).await
 }
 
 /// Creates or replaces the offer of a pool to a tenant (the pool's managers).
@@ -476,23 +493,41 @@ pub async fn put_offer(
     Ok((offer, !existed))
 }
 
-/// The pool's offers: all of them for its managers, the caller's own for a tenant.
-pub async fn list_offers(app: &App, caller: &Principal, pool_id: &str) -> Result<Vec<Offer>> {
+/// The pool's offers: all of them for its managers, the caller's own for a tenant; by
+/// tenant id, at most `limit` of them after the tenant `after`.
+pub async fn list_offers(
+    app: &App,
+    caller: &Principal,
+    pool_id: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Offer>> {
     let pool = get(app, caller, pool_id).await?;
     let mut conn = app.store.pool().acquire().await?;
-    let tenants: Vec<String> =
-        sqlx::query_scalar("SELECT tenant_id FROM offers WHERE pool_id = $1 ORDER BY tenant_id")
-            .bind(pool_id)
-            .fetch_all(&mut *conn)
-            .await?;
-    let manager = caller.acts_for(&pool.owner_org_id);
-    let mut offers = Vec::new();
-    for tenant in tenants.iter().filter(|t| manager || **t == caller.org_id) {
+    // A tenant that does not manage the pool sees its own offer only.
+    let only = (!caller.acts_for(&pool.owner_org_id)).then_some(caller.org_id.as_str());
+    let tenants: Vec<String> = sqlx::query_scalar(
+        "SELECT tenant_id FROM offers WHERE pool_id = $1 AND tenant_id > $2
+         AND ($3 = '' OR tenant_id = $3) ORDER BY tenant_id LIMIT $4",
+    )
+    .bind(pool_id)
+    .bind(after.unwrap_or(""))
+    .bind(only.unwrap_or(""))
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut offers = Vec::with_capacity(tenants.len());
+    for tenant in &tenants {
         if let Some(offer) = find_offer(&mut conn, pool_id, tenant).await? {
             offers.push(offer);
         }
     }
     Ok(offers)
+}
+
+/// Every offer of the pool the caller sees, by tenant id (GraphQL's pool `offers`).
+pub async fn every_offer(app: &App, caller: &Principal, pool_id: &str) -> Result<Vec<Offer>> {
+    list_offers(app, caller, pool_id, None, i64::MAX as usize).await
 }
 
 /// The offer of `pool_id` to `tenant_id`, with what the tenant uses of it now.

@@ -22,10 +22,13 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 #[into_params(parameter_in = Query)]
 struct AuditQuery {
     /// Only entries about this org's objects. Required unless the caller is a platform operator.
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,128}$", max_length = 128)]
     org_id: Option<String>,
     /// 1-200, default 50.
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
     /// The `cursor` of the previous page.
+    #[param(pattern = r"^-?[0-9]{1,19}$")]
     cursor: Option<String>,
 }
 

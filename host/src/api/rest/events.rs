@@ -27,8 +27,10 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 #[into_params(parameter_in = Query)]
 struct EventsQuery {
     /// Only events after this id (the `cursor` of the previous page).
+    #[param(minimum = 0)]
     after: Option<i64>,
     /// 1-500, default 100.
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
 }
 

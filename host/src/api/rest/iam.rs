@@ -5,8 +5,9 @@ use std::sync::Arc;
 use axum::extract::State;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::{Page, PageQuery, page};
 use crate::api::error::ErrorEnvelope;
-use crate::api::extract::{Json, Path};
+use crate::api::extract::{Json, Path, Query};
 use crate::iam::Principal;
 use crate::iam::confirmations::{self, Confirmation};
 use crate::iam::policy::{self, OrgPolicy};
@@ -43,15 +44,18 @@ async fn get_policy(
     Ok(Json(policy::get(&app, &caller, &org_id).await?))
 }
 
-/// The org's confirmation requests, newest first.
-#[utoipa::path(get, path = "/v1/orgs/{orgId}/confirmations", tag = "iam", params(("orgId" = String, Path)),
-    responses((status = 200, body = Vec<Confirmation>), (status = 404, body = ErrorEnvelope)))]
+/// The org's confirmation requests, newest first, one page at a time.
+#[utoipa::path(get, path = "/v1/orgs/{orgId}/confirmations", tag = "iam", params(("orgId" = String, Path), PageQuery),
+    responses((status = 200, body = Page<Confirmation>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
 async fn list_confirmations(
     State(app): State<Arc<App>>,
     caller: Principal,
     Path(org_id): Path<String>,
-) -> Result<Json<Vec<Confirmation>>> {
-    Ok(Json(confirmations::list(&app, &caller, &org_id).await?))
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Page<Confirmation>>> {
+    let (limit, before) = q.checked()?;
+    let found = confirmations::list(&app, &caller, &org_id, before, limit + 1).await?;
+    Ok(Json(page(found, limit as i64, |c| c.id.clone())))
 }
 
 /// A person approves an agent's request; the agent's retry with the same key continues it.

@@ -163,6 +163,7 @@ async fn reaffirm(
 #[into_params(parameter_in = Query)]
 struct StatusQuery {
     /// Only reservations in this status.
+    #[param(pattern = "^(pending|active|expired|cancelled|needs-review)$")]
     status: Option<String>,
 }
 

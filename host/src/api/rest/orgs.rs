@@ -6,8 +6,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::{Page, PageQuery, page};
 use crate::api::error::ErrorEnvelope;
-use crate::api::extract::{Json, Path};
+use crate::api::extract::{Json, Path, Query};
 use crate::iam::Principal;
 use crate::iam::keys::{self, ApiKey, CreatedKey, NewKey};
 use crate::iam::orgs::{self, NewOrg, Org};
@@ -63,16 +64,19 @@ async fn create_key(
     ))
 }
 
-/// List an org's API keys, without secrets.
+/// List an org's API keys, without secrets, oldest first (by id), one page at a time.
 #[utoipa::path(get, path = "/v1/orgs/{orgId}/api-keys", tag = "orgs",
-    params(("orgId" = String, Path)),
-    responses((status = 200, body = Vec<ApiKey>), (status = 404, body = ErrorEnvelope)))]
+    params(("orgId" = String, Path), PageQuery),
+    responses((status = 200, body = Page<ApiKey>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
 async fn list_keys(
     State(app): State<Arc<App>>,
     caller: Principal,
     Path(org_id): Path<String>,
-) -> Result<Json<Vec<ApiKey>>> {
-    Ok(Json(keys::list(&app, &caller, &org_id).await?))
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Page<ApiKey>>> {
+    let (limit, after) = q.checked()?;
+    let found = keys::list(&app, &caller, &org_id, after, limit + 1).await?;
+    Ok(Json(page(found, limit as i64, |k| k.id.clone())))
 }
 
 /// Revoke an API key; it stops authenticating at once.

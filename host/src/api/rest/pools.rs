@@ -6,8 +6,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::{Page, PageQuery, page};
 use crate::api::error::ErrorEnvelope;
-use crate::api::extract::{Json, Path};
+use crate::api::extract::{Json, Path, Query};
 use crate::iam::Principal;
 use crate::pools::store::{self, NewOffer, NewPool, Offer, Pool, PoolNodes};
 use crate::{App, Result};
@@ -36,10 +37,18 @@ async fn create_pool(
     ))
 }
 
-/// The pools the caller owns or is offered (all of them, for platform operators).
-#[utoipa::path(get, path = "/v1/pools", tag = "pools", responses((status = 200, body = Vec<Pool>)))]
-async fn list_pools(State(app): State<Arc<App>>, caller: Principal) -> Result<Json<Vec<Pool>>> {
-    Ok(Json(store::list(&app, &caller).await?))
+/// The pools the caller owns or is offered (all of them, for platform operators), by id,
+/// one page at a time.
+#[utoipa::path(get, path = "/v1/pools", tag = "pools", params(PageQuery),
+    responses((status = 200, body = Page<Pool>), (status = 400, body = ErrorEnvelope)))]
+async fn list_pools(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Page<Pool>>> {
+    let (limit, after) = q.checked()?;
+    let pools = store::list(&app, &caller, after, limit + 1).await?;
+    Ok(Json(page(pools, limit as i64, |p| p.id.clone())))
 }
 
 /// One pool: visible to its owner and to the tenants it is offered to.
@@ -96,15 +105,19 @@ async fn put_offer(
     ))
 }
 
-/// The pool's offers with quota used: all for its managers, a tenant's own for a tenant.
-#[utoipa::path(get, path = "/v1/pools/{poolId}/offers", tag = "pools", params(("poolId" = String, Path)),
-    responses((status = 200, body = Vec<Offer>), (status = 404, body = ErrorEnvelope)))]
+/// The pool's offers with quota used: all for its managers, a tenant's own for a tenant;
+/// by tenant id, one page at a time (the cursor is a tenant id).
+#[utoipa::path(get, path = "/v1/pools/{poolId}/offers", tag = "pools", params(("poolId" = String, Path), PageQuery),
+    responses((status = 200, body = Page<Offer>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
 async fn list_offers(
     State(app): State<Arc<App>>,
     caller: Principal,
     Path(pool_id): Path<String>,
-) -> Result<Json<Vec<Offer>>> {
-    Ok(Json(store::list_offers(&app, &caller, &pool_id).await?))
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Page<Offer>>> {
+    let (limit, after) = q.checked()?;
+    let offers = store::list_offers(&app, &caller, &pool_id, after, limit + 1).await?;
+    Ok(Json(page(offers, limit as i64, |o| o.tenant_id.clone())))
 }
 
 /// How this replica's capacity view of a pool compares with the database.

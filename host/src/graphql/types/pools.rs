@@ -45,7 +45,7 @@ impl From<store::Pool> for Pool {
 impl Pool {
     /// Its offers: all of them for its managers, the caller's own for a tenant.
     async fn offers(&self, ctx: &Context<'_>) -> Result<Vec<Offer>> {
-        let offers = store::list_offers(app(ctx), caller(ctx)?, &self.id).await?;
+        let offers = store::every_offer(app(ctx), caller(ctx)?, &self.id).await?;
         Ok(offers.into_iter().map(Offer::from).collect())
     }
 
