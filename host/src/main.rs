@@ -60,7 +60,14 @@ async fn main() -> std::process::ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "orl", &mut std::io::stdout());
             Ok(())
         }
-        Command::Bench(BenchCommand::Placement(args)) => orl::bench::run(args),
+        // The bench drives plugin calls to completion on its own thread, as the server does
+        // inside `block_in_place`: never on an async task.
+        Command::Bench(BenchCommand::Placement(args)) => {
+            match tokio::task::spawn_blocking(move || orl::bench::run(args)).await {
+                Ok(result) => result,
+                Err(err) => Err(anyhow::anyhow!("the placement bench stopped: {err}")),
+            }
+        }
         Command::Bench(BenchCommand::Api(args)) => orl::bench::api::run(args).await,
         Command::Client(command) => cli::run(cli.connection, command).await,
     };

@@ -119,6 +119,8 @@ pub struct Metrics {
     db_connections: Family<ConnectionLabels, Gauge>,
     db_max_connections: Gauge,
     scrape_errors: Counter,
+    /// Components the policy host compiled, as of the last scrape.
+    plugin_compiles: Counter,
     /// One scrape at a time works out and replaces the live gauges.
     scraping: tokio::sync::Mutex<()>,
 }
@@ -220,6 +222,12 @@ impl Metrics {
             "Scrapes that could not work out the live gauges (units, reservations, outbox); those gauges then keep the values of the last scrape that could",
             scrape_errors.clone(),
         );
+        let plugin_compiles = Counter::default();
+        registry.register(
+            "plugin_compiles",
+            "Plugin components compiled by Cranelift (once per component: concurrent uploads of the same bytes share one compile, and precompiled artifacts read back from disk are not counted)",
+            plugin_compiles.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -239,6 +247,7 @@ impl Metrics {
             db_connections,
             db_max_connections,
             scrape_errors,
+            plugin_compiles,
             scraping: tokio::sync::Mutex::new(()),
         }
     }
@@ -363,6 +372,10 @@ pub async fn scrape(app: &App) -> String {
     metrics
         .db_max_connections
         .set(i64::from(pool.options().get_max_connections()));
+    let compiled = app.policy.compiles();
+    metrics
+        .plugin_compiles
+        .inc_by(compiled.saturating_sub(metrics.plugin_compiles.get()));
     match live(app).await {
         Ok(live) => metrics.set_live(live),
         Err(err) => {

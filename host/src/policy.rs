@@ -3,22 +3,41 @@
 //! pools.
 //!
 //! One [`wasmtime::Engine`] with the pooling allocator and epoch interruption; components
-//! compiled once, cached by content hash in memory and (precompiled) on disk; instances
-//! made from an `InstancePre` and kept warm between decisions of the same plugin and
-//! config (an instance that fails a decision in any way is thrown away); an epoch deadline
-//! per call and a cap on the total linear memory of each instance. A plugin sees WASI with no environment, no
-//! arguments, no stdio, no network, and only its read-only config directory at `/config`,
-//! plus the host's `log`. Whatever a plugin does, it fails only its own decision.
+//! checked for what they import and export before they are compiled ([`imports`]),
+//! compiled once per content hash (one compile at a time per hash, at most
+//! [`COMPILE_SLOTS`] at once), cached by id in memory and (precompiled) on disk, so a
+//! decision never reads or hashes a plugin's bytes; instances made from an `InstancePre`
+//! and kept warm between decisions of the same plugin and config (an instance that fails a
+//! decision in any way is thrown away); a cap on the total linear memory of each instance.
+//! A plugin sees WASI with no environment, no arguments, no stdio, no network, and only its
+//! read-only config directory at `/config`, plus the host's `log` (capped per call, tagged
+//! with the plugin's name).
+//!
+//! **The deadline bounds the whole decision.** A decision — making an instance (its start
+//! functions included) and the call — is one future, run with `instantiate_async` and
+//! `call_async` on a fiber, under `tokio::time::timeout`. WASI is linked asynchronously, so
+//! a plugin blocked in a host call (a sleep through `wasi:clocks` and `wasi:io/poll`) is
+//! parked on the host's timer, and the timeout drops the future there. A plugin spinning
+//! in its own code meets the epoch check at every tick ([`EPOCH_TICK`]): past the deadline
+//! the epoch callback traps it, and before it the callback yields, so the timeout is
+//! checked even while the plugin computes. Either way the failure kind is `deadline` and
+//! the instance is dropped. The synchronous entry points ([`PolicyHost::place`], ...) drive
+//! that future to completion on the calling thread, which must not be an async task (the
+//! server calls them inside `block_in_place`).
+//!
+//! Whatever a plugin does, it fails only its own decision.
 
 pub mod assignment;
 mod bindings;
+pub mod imports;
 pub mod placer;
 pub mod registry;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
@@ -26,6 +45,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker, ResourceTable, TypedFunc};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    UpdateDeadline,
 };
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
@@ -35,13 +55,16 @@ use bindings::placer::orl::policy::types as wit;
 pub const DEFAULT_DEADLINE_MS: u64 = 50;
 /// Default cap on all linear memory of one plugin instance.
 pub const DEFAULT_MEMORY_BYTES: usize = 64 << 20;
-/// The epoch advances this often; deadlines are counted in it.
+/// The epoch advances this often; a running plugin checks its deadline at every tick.
 const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// Warm instances kept per plugin and config, and in all. An idle instance keeps the linear
 /// memory it grew to (up to the cap), so few are kept: decisions of one pool are serialized
 /// by the pool lock, so one or two per key serve it.
 const IDLE_PER_KEY: usize = 2;
 const IDLE_TOTAL: usize = 16;
+/// Components compiled at once. A compile already uses every core (functions are compiled
+/// in parallel) and an interpreted-language component needs gigabytes while it compiles.
+pub const COMPILE_SLOTS: usize = 2;
 
 /// The worlds a plugin may implement.
 #[derive(
@@ -103,10 +126,44 @@ pub struct Failure {
 /// What a running instance may use, and what it did.
 pub struct PluginState {
     plugin_id: String,
+    /// The name the plugin was uploaded under, which its log lines carry.
+    plugin_name: String,
     wasi: WasiCtx,
     table: ResourceTable,
     limits: MemoryCap,
+    /// When the running decision's deadline passes.
+    expires: Instant,
+    log: bindings::LogBudget,
 }
+
+impl PluginState {
+    /// Ends a call's log budget, saying once how many lines past the cap were dropped.
+    fn end_call(&mut self) {
+        let dropped = self.log.reset();
+        if dropped > 0 {
+            tracing::warn!(
+                plugin = %self.plugin_name,
+                plugin_id = %self.plugin_id,
+                dropped,
+                "a plugin call logged past its cap of {} lines or {} bytes; the rest were dropped",
+                bindings::LOG_LINES_PER_CALL,
+                bindings::LOG_BYTES_PER_CALL,
+            );
+        }
+    }
+}
+
+/// The error the epoch callback traps a plugin with once its deadline has passed.
+#[derive(Debug)]
+struct DeadlinePassed;
+
+impl std::fmt::Display for DeadlinePassed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the decision's deadline passed")
+    }
+}
+
+impl std::error::Error for DeadlinePassed {}
 
 impl WasiView for PluginState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
@@ -231,6 +288,13 @@ pub struct PolicyHost {
     engine: Engine,
     linker: Linker<PluginState>,
     loaded: Mutex<HashMap<String, Arc<Loaded>>>,
+    /// Loads in progress by id: every caller of one id waits for the one load.
+    flights: Mutex<HashMap<String, Arc<Flight>>>,
+    compile_slots: Slots,
+    /// Components compiled by Cranelift since start (not those read back from disk).
+    compiles: AtomicU64,
+    /// The names plugins were uploaded under, by id, for their log lines.
+    names: Mutex<HashMap<String, String>>,
     idle: Mutex<Idle>,
     /// Where precompiled components are kept; `None` when profiling, because `perf` names
     /// guest functions only in code compiled in memory.
@@ -239,11 +303,55 @@ pub struct PolicyHost {
     defaults: std::sync::OnceLock<HashMap<World, Arc<Loaded>>>,
 }
 
+/// One load of one id, shared by every caller that asked for it meanwhile.
+type Flight = OnceLock<Result<Arc<Loaded>, Failure>>;
+
+/// A counting semaphore for blocking threads (loads run on the blocking pool).
+struct Slots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    fn new(count: usize) -> Slots {
+        Slots {
+            free: Mutex::new(count),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Waits for a free slot; it is given back when the guard drops.
+    fn take(&self) -> SlotGuard<'_> {
+        let mut free = self.free.lock().expect("compile slots");
+        while *free == 0 {
+            free = self.freed.wait(free).expect("compile slots");
+        }
+        *free -= 1;
+        SlotGuard(self)
+    }
+}
+
+struct SlotGuard<'a>(&'a Slots);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().expect("compile slots") += 1;
+        self.0.freed.notify_one();
+    }
+}
+
 /// The default policies, built from `plugins/` for wasm32-wasip2 by the build script.
 pub const DEFAULT_PLACER_WASM: &[u8] = include_bytes!(env!("ORL_PLACER_DEFAULT_WASM"));
 pub const DEFAULT_SPEND_GUARD_WASM: &[u8] = include_bytes!(env!("ORL_SPEND_GUARD_DEFAULT_WASM"));
 /// The default preemption component (`plugins/preemptor-default`), built for wasm32-wasip2.
 pub const DEFAULT_PREEMPTOR_WASM: &[u8] = include_bytes!(env!("ORL_PREEMPTOR_DEFAULT_WASM"));
+
+/// The built-in policies by name, as `GET /v1/plugins` lists them.
+pub const BUILT_INS: [(&str, &[u8]); 3] = [
+    ("placer-default", DEFAULT_PLACER_WASM),
+    ("preemptor-default", DEFAULT_PREEMPTOR_WASM),
+    ("spend-guard-default", DEFAULT_SPEND_GUARD_WASM),
+];
 
 /// `sha256:<hex>` of a component's bytes: its id.
 pub fn content_id(bytes: &[u8]) -> String {
@@ -284,7 +392,7 @@ impl PolicyHost {
             })
             .context("starting the epoch ticker")?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::Error::from(e).context("linking WASI"))?;
         bindings::placer::orl::policy::log::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
             &mut linker,
@@ -301,20 +409,21 @@ impl PolicyHost {
             engine,
             linker,
             loaded: Mutex::new(HashMap::new()),
+            flights: Mutex::new(HashMap::new()),
+            compile_slots: Slots::new(COMPILE_SLOTS),
+            compiles: AtomicU64::new(0),
+            names: Mutex::new(HashMap::new()),
             idle: Mutex::new(Idle::default()),
             cache_dir: (!profiling).then_some(cache_dir),
             config_root,
             defaults: std::sync::OnceLock::new(),
         };
         let mut defaults = HashMap::new();
-        for bytes in [
-            DEFAULT_PLACER_WASM,
-            DEFAULT_PREEMPTOR_WASM,
-            DEFAULT_SPEND_GUARD_WASM,
-        ] {
+        for (name, bytes) in BUILT_INS {
             let loaded = host
                 .load(bytes)
-                .map_err(|e| anyhow::anyhow!("a built-in policy: {}", e.message))?;
+                .map_err(|e| anyhow::anyhow!("the built-in {name}: {}", e.message))?;
+            host.set_name(&loaded.id, name);
             defaults.insert(loaded.world, loaded);
         }
         let _ = host.defaults.set(defaults);
@@ -332,20 +441,68 @@ impl PolicyHost {
             .expect("the built-in placer is loaded at start")
     }
 
+    /// The compiled plugin `id`, when this process has loaded it: no bytes read, none hashed.
+    pub fn cached(&self, id: &str) -> Option<Arc<Loaded>> {
+        self.loaded.lock().expect("plugin cache").get(id).cloned()
+    }
+
+    /// Components compiled by Cranelift since start (artifacts read back from disk are not
+    /// counted).
+    pub fn compiles(&self) -> u64 {
+        self.compiles.load(Ordering::Relaxed)
+    }
+
+    /// Records the name plugin `id` was uploaded under, which its log lines carry.
+    pub fn set_name(&self, id: &str, name: &str) {
+        (self.names.lock().expect("plugin names")).insert(id.to_owned(), name.to_owned());
+    }
+
+    fn name_of(&self, id: &str) -> String {
+        (self.names.lock().expect("plugin names"))
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| id.to_owned())
+    }
+
     /// Compiles (or fetches from the caches) the component `bytes` and checks it implements
-    /// one world with no import outside it. The error says what is wrong.
+    /// one world with no import outside it. What it imports and exports is checked before
+    /// anything is compiled; callers loading the same bytes at once share one load. The
+    /// error says what is wrong.
     pub fn load(&self, bytes: &[u8]) -> Result<Arc<Loaded>, Failure> {
         let id = content_id(bytes);
-        if let Some(loaded) = self.loaded.lock().expect("plugin cache").get(&id) {
-            return Ok(loaded.clone());
+        if let Some(loaded) = self.cached(&id) {
+            return Ok(loaded);
         }
-        let refuse = |message: String| Failure {
+        imports::check(bytes).map_err(|message| Failure {
             plugin_id: id.clone(),
+            kind: FailureKind::InvalidAnswer,
+            message,
+        })?;
+        let flight = (self.flights.lock().expect("plugin loads"))
+            .entry(id.clone())
+            .or_default()
+            .clone();
+        let result = flight
+            .get_or_init(|| match self.cached(&id) {
+                Some(loaded) => Ok(loaded),
+                None => self.load_uncached(&id, bytes),
+            })
+            .clone();
+        let mut flights = self.flights.lock().expect("plugin loads");
+        if flights.get(&id).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+            flights.remove(&id);
+        }
+        result
+    }
+
+    fn load_uncached(&self, id: &str, bytes: &[u8]) -> Result<Arc<Loaded>, Failure> {
+        let refuse = |message: String| Failure {
+            plugin_id: id.to_owned(),
             kind: FailureKind::InvalidAnswer,
             message,
         };
         let component = self
-            .compile(&id, bytes)
+            .compile(id, bytes)
             .map_err(|e| refuse(format!("not a WebAssembly component: {e:#}")))?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             refuse(format!("the component needs imports a plugin may not use (only WASI without network and orl:policy/log): {e:#}"))
@@ -357,24 +514,30 @@ impl PolicyHost {
         } else if let Ok(pre) = bindings::spend_guard::SpendGuardPre::new(pre) {
             (World::SpendGuard, Pre::SpendGuard(pre))
         } else {
-            return Err(refuse("the component exports none of the worlds placer, preemptor or spend-guard of orl:policy@0.1.0".into()));
+            return Err(refuse(format!(
+                "the component exports none of the worlds placer, preemptor or spend-guard of {}",
+                imports::POLICY_PACKAGE
+            )));
         };
         let loaded = Arc::new(Loaded {
-            id: id.clone(),
+            id: id.to_owned(),
             world,
             pre,
         });
         self.loaded
             .lock()
             .expect("plugin cache")
-            .insert(id, loaded.clone());
+            .insert(id.to_owned(), loaded.clone());
         Ok(loaded)
     }
 
     /// Compiles once per content hash: a precompiled artifact on disk is reused across
-    /// restarts; otherwise Cranelift compiles and the artifact is saved.
+    /// restarts; otherwise Cranelift compiles (in one of the compile slots) and the artifact
+    /// is saved.
     fn compile(&self, id: &str, bytes: &[u8]) -> anyhow::Result<Component> {
         let Some(cache_dir) = &self.cache_dir else {
+            let _slot = self.compile_slots.take();
+            self.compiles.fetch_add(1, Ordering::Relaxed);
             return Ok(Component::new(&self.engine, bytes)?);
         };
         let path = cache_dir.join(format!("{}.cwasm", id.trim_start_matches("sha256:")));
@@ -386,9 +549,14 @@ impl PolicyHost {
                 }
             }
         }
-        let artifact = self.engine.precompile_component(bytes)?;
-        let tmp = path.with_extension("tmp");
+        let artifact = {
+            let _slot = self.compile_slots.take();
+            self.compiles.fetch_add(1, Ordering::Relaxed);
+            self.engine.precompile_component(bytes)?
+        };
+        let tmp = path.with_extension(format!("tmp-{}", crate::ids::new_id("cw", 0)));
         std::fs::write(&tmp, &artifact)?;
+        drop(artifact);
         std::fs::rename(&tmp, &path)?;
         deserialize(&self.engine, &path)
     }
@@ -424,14 +592,16 @@ impl PolicyHost {
         Ok(dir)
     }
 
-    /// A new instance of `loaded`: no environment, no stdio, no network, the config
-    /// directory `dir` read-only at `/config`, and the memory cap.
-    fn instantiate(
+    /// A store for a new instance of `loaded`: no environment, no stdio, no network, the
+    /// config directory `dir` read-only at `/config`, the memory cap, and the deadline
+    /// `expires` checked at every epoch tick.
+    fn new_store(
         &self,
         loaded: &Loaded,
         dir: &Path,
         memory_bytes: usize,
-    ) -> anyhow::Result<Warm> {
+        expires: Instant,
+    ) -> anyhow::Result<Store<PluginState>> {
         let mut wasi = WasiCtx::builder();
         wasi.allow_tcp(false)
             .allow_udp(false)
@@ -439,6 +609,7 @@ impl PolicyHost {
         wasi.preopened_dir(dir, "/config", FsPerms::ReadOnly)?;
         let state = PluginState {
             plugin_id: loaded.id.clone(),
+            plugin_name: self.name_of(&loaded.id),
             wasi: wasi.build(),
             table: ResourceTable::new(),
             limits: MemoryCap {
@@ -446,88 +617,91 @@ impl PolicyHost {
                 total: 0,
                 hit: false,
             },
+            expires,
+            log: bindings::LogBudget::default(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store.epoch_deadline_trap();
-        // The start of an instance counts against the deadline of its first decision only
-        // through the call below; instantiation itself gets a generous one.
-        store.set_epoch_deadline(1_000);
-        // The exports the host calls with its own borrowed types are checked against those
-        // types here, once per instance, so that a decision need not (see `place_export`).
-        let bound = match &loaded.pre {
-            Pre::Placer(pre) => {
-                let placer = pre.instantiate(&mut store)?;
-                (placer.func_place().func())
-                    .typed::<placer::PlaceParams<'_>, placer::PlaceResults>(&store)?;
-                Bound::Placer(placer)
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().expires {
+                Err(wasmtime::Error::new(DeadlinePassed))
+            } else {
+                Ok(UpdateDeadline::Yield(1))
             }
-            Pre::Preemptor(pre) => {
-                let preemptor = pre.instantiate(&mut store)?;
-                (preemptor.func_choose_victims().func())
-                    .typed::<placer::VictimsParams<'_>, placer::VictimsResults>(&store)?;
-                Bound::Preemptor(preemptor)
-            }
-            Pre::SpendGuard(pre) => Bound::SpendGuard(pre.instantiate(&mut store)?),
-        };
-        Ok(Warm { store, bound })
+        });
+        store.set_epoch_deadline(1);
+        Ok(store)
     }
 
-    /// Runs `call` on a warm instance of `loaded` (a new one when none is idle), turning a
-    /// trap, a missed deadline or the memory cap into a [`Failure`] of that plugin. An
-    /// instance that answered goes back to the idle set; one that failed is dropped.
-    fn run<R>(
+    /// A new instance of `loaded` for one decision, its start functions run within the
+    /// decision's deadline.
+    async fn fresh(
+        &self,
+        loaded: &Loaded,
+        config: Option<&serde_json::Value>,
+        expires: Instant,
+        deadline_ms: u64,
+    ) -> Result<Warm, Failure> {
+        let prepare = |e: anyhow::Error| Failure {
+            plugin_id: loaded.id.clone(),
+            kind: FailureKind::Trap,
+            message: format!("preparing the instance: {e:#}"),
+        };
+        let dir = self.config_dir(&loaded.id, config).map_err(prepare)?;
+        let mut store = self
+            .new_store(loaded, &dir, DEFAULT_MEMORY_BYTES, expires)
+            .map_err(prepare)?;
+        match bind(&loaded.pre, &mut store).await {
+            Ok(bound) => Ok(Warm { store, bound }),
+            Err(err) => Err(failure(loaded, store.data_mut(), &err, deadline_ms)),
+        }
+    }
+
+    /// Runs `decision` on a warm instance of `loaded` (a new one when none is idle), turning
+    /// a trap, a missed deadline or the memory cap into a [`Failure`] of that plugin. The
+    /// deadline covers making the instance as well as the call, whatever the plugin does
+    /// (see the module documentation). An instance that answered goes back to the idle
+    /// set; one that failed is dropped.
+    fn run<D: Decision>(
         &self,
         loaded: &Loaded,
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
-        call: impl FnOnce(&mut Store<PluginState>, &Bound) -> wasmtime::Result<R>,
-    ) -> Result<R, Failure> {
-        let fail = |kind, message: String| Failure {
-            plugin_id: loaded.id.clone(),
-            kind,
-            message,
-        };
-        let prepare =
-            |e: anyhow::Error| fail(FailureKind::Trap, format!("preparing the instance: {e:#}"));
+        decision: D,
+    ) -> Result<D::Answer, Failure> {
+        let deadline = Duration::from_millis(deadline_ms.max(1));
+        let expires = Instant::now() + deadline;
         let config_key = config.map(serde_json::Value::to_string).unwrap_or_default();
         let idle = (self.idle.lock().expect("idle instances")).take(&loaded.id, &config_key);
-        let mut warm = match idle {
-            Some(warm) => warm,
-            None => {
-                let dir = self.config_dir(&loaded.id, config).map_err(prepare)?;
-                self.instantiate(loaded, &dir, DEFAULT_MEMORY_BYTES)
-                    .map_err(prepare)?
+        let work = async {
+            let mut warm = match idle {
+                Some(mut warm) => {
+                    warm.store.data_mut().expires = expires;
+                    warm.store.set_epoch_deadline(1);
+                    warm
+                }
+                None => self.fresh(loaded, config, expires, deadline_ms).await?,
+            };
+            let Warm { store, bound } = &mut warm;
+            match decision.call(store, bound).await {
+                Ok(answer) => Ok((warm, answer)),
+                Err(err) => Err(failure(loaded, warm.store.data_mut(), &err, deadline_ms)),
             }
         };
-        warm.store.set_epoch_deadline(deadline_ms.max(1));
-        let Warm { store, bound } = &mut warm;
-        match call(store, bound) {
-            Ok(answer) => {
+        let outcome =
+            wasmtime_wasi::runtime::in_tokio(async { tokio::time::timeout(deadline, work).await });
+        match outcome {
+            Ok(Ok((mut warm, answer))) => {
+                warm.store.data_mut().end_call();
                 (self.idle.lock().expect("idle instances")).put(&loaded.id, &config_key, warm);
                 Ok(answer)
             }
-            Err(err) => {
-                let kind = if warm.store.data().limits.hit {
-                    FailureKind::Memory
-                } else if matches!(
-                    err.downcast_ref::<wasmtime::Trap>(),
-                    Some(wasmtime::Trap::Interrupt)
-                ) {
-                    FailureKind::Deadline
-                } else {
-                    FailureKind::Trap
-                };
-                let message = match kind {
-                    FailureKind::Deadline => format!("did not answer within {deadline_ms} ms"),
-                    FailureKind::Memory => format!(
-                        "exceeded its memory cap of {} MiB",
-                        DEFAULT_MEMORY_BYTES >> 20
-                    ),
-                    _ => format!("{err:#}").chars().take(500).collect(),
-                };
-                Err(fail(kind, message))
-            }
+            Ok(Err(failure)) => Err(failure),
+            Err(_elapsed) => Err(Failure {
+                plugin_id: loaded.id.clone(),
+                kind: FailureKind::Deadline,
+                message: format!("did not answer within {deadline_ms} ms"),
+            }),
         }
     }
 
@@ -542,10 +716,7 @@ impl PolicyHost {
     ) -> Result<Result<orl_placer_default::Placement, String>, Failure> {
         let req = placer::request_to_wit(request);
         let candidates = placer::CandidatesRef::of(candidates);
-        let answer = self.run(loaded, config, deadline_ms, |store, bound| match bound {
-            Bound::Placer(placer) => Ok(place_export(placer).call(store, (&req, &candidates))?.0),
-            _ => Err(wasmtime::Error::msg("the plugin is not a placer")),
-        })?;
+        let answer = self.run(loaded, config, deadline_ms, Place(&req, &candidates))?;
         Ok(answer.map(|p| orl_placer_default::Placement {
             node: p.node,
             units: p.units,
@@ -566,12 +737,12 @@ impl PolicyHost {
         let req = placer::request_to_wit(request);
         let candidates = placer::CandidatesRef::of(candidates);
         let spot: Vec<_> = spot.iter().map(placer::spot_to_wit).collect();
-        self.run(loaded, config, deadline_ms, |store, bound| match bound {
-            Bound::Preemptor(preemptor) => Ok(victims_export(preemptor)
-                .call(store, (&req, &candidates, &spot))?
-                .0),
-            _ => Err(wasmtime::Error::msg("the plugin is not a preemptor")),
-        })
+        self.run(
+            loaded,
+            config,
+            deadline_ms,
+            ChooseVictims(&req, &candidates, &spot),
+        )
     }
 
     /// Runs the spend-guard `loaded`: `Ok(Ok(()))` allows the charge.
@@ -583,23 +754,170 @@ impl PolicyHost {
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<(), String>, Failure> {
-        self.run(loaded, config, deadline_ms, |store, bound| {
-            let Bound::SpendGuard(guard) = bound else {
-                return Err(wasmtime::Error::msg("the plugin is not a spend-guard"));
-            };
-            let charge = wit::Charge {
-                amount_minor: charge.amount_minor,
-                gpu_count: charge.gpu_count,
-                duration_seconds: charge.duration_seconds,
-                price_per_gpu_hour_minor: charge.price_per_gpu_hour_minor,
-            };
-            let budget = wit::Budget {
-                limit_minor: budget.limit_minor,
-                spent_minor: budget.spent_minor,
-                committed_minor: budget.committed_minor,
-            };
-            guard.call_decide(store, charge, budget)
-        })
+        let charge = wit::Charge {
+            amount_minor: charge.amount_minor,
+            gpu_count: charge.gpu_count,
+            duration_seconds: charge.duration_seconds,
+            price_per_gpu_hour_minor: charge.price_per_gpu_hour_minor,
+        };
+        let budget = wit::Budget {
+            limit_minor: budget.limit_minor,
+            spent_minor: budget.spent_minor,
+            committed_minor: budget.committed_minor,
+        };
+        self.run(loaded, config, deadline_ms, Decide(charge, budget))
+    }
+}
+
+/// Makes the instance of `pre` in `store`, running its start functions.
+async fn bind(pre: &Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Bound> {
+    // The exports the host calls with its own borrowed types are checked against those
+    // types here, once per instance, so that a decision need not (see `place_export`).
+    Ok(match pre {
+        Pre::Placer(pre) => {
+            let placer = pre.instantiate_async(&mut *store).await?;
+            (placer.func_place().func())
+                .typed::<placer::PlaceParams<'_>, placer::PlaceResults>(&*store)?;
+            Bound::Placer(placer)
+        }
+        Pre::Preemptor(pre) => {
+            let preemptor = pre.instantiate_async(&mut *store).await?;
+            (preemptor.func_choose_victims().func())
+                .typed::<placer::VictimsParams<'_>, placer::VictimsResults>(&*store)?;
+            Bound::Preemptor(preemptor)
+        }
+        Pre::SpendGuard(pre) => Bound::SpendGuard(pre.instantiate_async(&mut *store).await?),
+    })
+}
+
+/// How a plugin failed, from the error its instance or call ended with and what its store
+/// saw. A trap's message leads with its cause, then where it happened.
+fn failure(
+    loaded: &Loaded,
+    state: &mut PluginState,
+    err: &wasmtime::Error,
+    deadline_ms: u64,
+) -> Failure {
+    state.end_call();
+    let (kind, message) = if state.limits.hit {
+        (
+            FailureKind::Memory,
+            format!(
+                "exceeded its memory cap of {} MiB",
+                DEFAULT_MEMORY_BYTES >> 20
+            ),
+        )
+    } else if err.downcast_ref::<DeadlinePassed>().is_some()
+        || matches!(
+            err.downcast_ref::<wasmtime::Trap>(),
+            Some(wasmtime::Trap::Interrupt)
+        )
+    {
+        (
+            FailureKind::Deadline,
+            format!("did not answer within {deadline_ms} ms"),
+        )
+    } else {
+        (FailureKind::Trap, trap_message(err))
+    };
+    Failure {
+        plugin_id: loaded.id.clone(),
+        kind,
+        message,
+    }
+}
+
+/// Longest trap message kept.
+const TRAP_MESSAGE_CHARS: usize = 2000;
+
+/// `err` with its root cause first, then the context around it (the wasm backtrace last),
+/// cut to [`TRAP_MESSAGE_CHARS`].
+fn trap_message(err: &wasmtime::Error) -> String {
+    let mut chain: Vec<String> = err.chain().map(ToString::to_string).collect();
+    let mut message = chain.pop().unwrap_or_default();
+    for context in chain.iter().rev() {
+        message.push_str("; ");
+        message.push_str(context);
+    }
+    if message.chars().count() > TRAP_MESSAGE_CHARS {
+        message = message.chars().take(TRAP_MESSAGE_CHARS).collect();
+        message.push('…');
+    }
+    message
+}
+
+/// One call of a world's export on a bound instance.
+trait Decision {
+    type Answer;
+
+    async fn call(
+        self,
+        store: &mut Store<PluginState>,
+        bound: &Bound,
+    ) -> wasmtime::Result<Self::Answer>;
+}
+
+/// The placer's `place`.
+struct Place<'a>(&'a wit::Request, &'a placer::CandidatesRef<'a>);
+
+impl Decision for Place<'_> {
+    type Answer = Result<wit::Placement, String>;
+
+    async fn call(
+        self,
+        store: &mut Store<PluginState>,
+        bound: &Bound,
+    ) -> wasmtime::Result<Self::Answer> {
+        let Bound::Placer(placer) = bound else {
+            return Err(wasmtime::Error::msg("the plugin is not a placer"));
+        };
+        Ok(place_export(placer)
+            .call_async(store, (self.0, self.1))
+            .await?
+            .0)
+    }
+}
+
+/// The preemptor's `choose-victims`.
+struct ChooseVictims<'a>(
+    &'a wit::Request,
+    &'a placer::CandidatesRef<'a>,
+    &'a [wit::SpotBooking],
+);
+
+impl Decision for ChooseVictims<'_> {
+    type Answer = Result<Vec<u32>, String>;
+
+    async fn call(
+        self,
+        store: &mut Store<PluginState>,
+        bound: &Bound,
+    ) -> wasmtime::Result<Self::Answer> {
+        let Bound::Preemptor(preemptor) = bound else {
+            return Err(wasmtime::Error::msg("the plugin is not a preemptor"));
+        };
+        Ok(victims_export(preemptor)
+            .call_async(store, (self.0, self.1, self.2))
+            .await?
+            .0)
+    }
+}
+
+/// The spend-guard's `decide`.
+struct Decide(wit::Charge, wit::Budget);
+
+impl Decision for Decide {
+    type Answer = Result<(), String>;
+
+    async fn call(
+        self,
+        store: &mut Store<PluginState>,
+        bound: &Bound,
+    ) -> wasmtime::Result<Self::Answer> {
+        let Bound::SpendGuard(guard) = bound else {
+            return Err(wasmtime::Error::msg("the plugin is not a spend-guard"));
+        };
+        guard.call_decide(store, self.0, self.1).await
     }
 }
 

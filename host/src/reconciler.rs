@@ -3,8 +3,11 @@
 //! reports bound), marks silent nodes lost and carries devices a node still holds (see
 //! [`crate::booking::binding`]), `expired` at its end, `released` (`lease-lapsed`) when a lease is not renewed,
 //! retries `pending` every 30 s (queued ones as capacity frees), and times out
-//! `awaiting-confirmation` after 30 minutes. Every move is a conditional update on the
-//! reservation's current state, so several replicas may run it at once.
+//! `awaiting-confirmation` after 30 minutes, and deletes the drafts that creates which did
+//! not go through (quota, spend limit, a failed policy decision) left behind, once
+//! [`DRAFT_RETENTION_MS`] has passed: a retry with the same idempotency key finds its
+//! draft until then. Every move is a conditional update on the reservation's current
+//! state, so several replicas may run it at once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,13 +15,20 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::audit::{self, Entry};
 use crate::booking::binding;
 use crate::booking::lifecycle::{audit_move, commit_ended, terminate};
 use crate::booking::place;
 use crate::booking::store::{self, Reservation};
 use crate::booking::{Binding, State};
+use crate::iam::Principal;
 use crate::iam::confirmations::CONFIRMATION_WINDOW_MS;
 use crate::{App, Result, events};
+
+/// How long a draft left by a create that did not go through is kept, by the server clock.
+pub const DRAFT_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
+/// Drafts deleted per transaction.
+const DRAFT_SWEEP_BATCH: i64 = 500;
 
 /// One pass over every reservation that time may move. Each reservation moves in its own
 /// transaction, conditional on the version the pass read: a reservation another replica (or
@@ -55,9 +65,57 @@ pub async fn run_once(app: &App) -> Result<()> {
     for (pool, nodes) in freed {
         wake_pool(app, &pool, &nodes).await?;
     }
+    sweep_drafts(app, now).await?;
     app.metrics
         .observe_reconciler_pass(started.elapsed().as_secs_f64(), due, lag);
     app.capacity.prune(&app.store).await
+}
+
+/// Deletes the drafts created before `now - DRAFT_RETENTION_MS`, a batch per transaction,
+/// each delete conditional on the row still being a draft (a create that found it and went
+/// on with it has moved it) and audited. Reads only old drafts (index on `state`).
+async fn sweep_drafts(app: &App, now: i64) -> Result<()> {
+    let before = now - DRAFT_RETENTION_MS;
+    loop {
+        let mut tx = app.store.begin().await?;
+        let stale: Vec<(String, String)> = sqlx::query_as(
+            "SELECT id, tenant_id FROM compute_reservations
+             WHERE state = 'draft' AND created_at <= $1 ORDER BY created_at, id LIMIT $2",
+        )
+        .bind(before)
+        .bind(DRAFT_SWEEP_BATCH)
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut swept = 0;
+        for (id, tenant_id) in &stale {
+            let deleted =
+                sqlx::query("DELETE FROM compute_reservations WHERE id = $1 AND state = 'draft'")
+                    .bind(id)
+                    .execute(&mut **tx)
+                    .await?
+                    .rows_affected();
+            if deleted == 0 {
+                continue;
+            }
+            swept += 1;
+            let entry = Entry {
+                org_id: tenant_id,
+                action: "compute-reservation.draft-swept",
+                object_type: "compute-reservation",
+                object_id: id,
+                reason: None,
+                details: Some(json!({ "retentionMs": DRAFT_RETENTION_MS })),
+            };
+            audit::record(&mut tx, &Principal::system(), entry, now).await?;
+        }
+        tx.commit().await?;
+        if swept > 0 {
+            tracing::info!(swept, "deleted drafts of creates that did not go through");
+        }
+        if (stale.len() as i64) < DRAFT_SWEEP_BATCH {
+            return Ok(());
+        }
+    }
 }
 
 /// Since when `r` has been due (its earliest due time that has passed).

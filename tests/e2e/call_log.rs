@@ -194,6 +194,9 @@ pub fn expected(template: &str, call: &Call, param: impl Fn(&str) -> String) -> 
         ("PUT", "/v1/pools/{poolId}/policies") => {
             one(vec!["pool.assign-policies"], param("poolId"))
         }
+        ("PATCH", "/v1/pools/{poolId}/policies") => {
+            one(vec!["pool.patch-policies"], param("poolId"))
+        }
         // A replay answers the reservation as it is now; what was created then moved
         // (or waited for a confirmation) shows its draft's entry.
         ("POST", "/api/compute/reservations/create")

@@ -29,6 +29,8 @@ mod node_reservations;
 mod openapi;
 mod orgs;
 mod paging;
+mod plugin_assignment;
+mod plugin_containment;
 mod plugins;
 mod races;
 mod route_sweep;

@@ -6,14 +6,16 @@ use serde_json::{Value, json};
 
 use crate::support::{Api, Db, Server, assert_error, component, on_both_databases, register_node};
 
-struct World {
-    server: Server,
-    tenant: Api,
-    pool: String,
-    other_pool: String,
+/// A provider with three 8-GPU nodes in two pools (`n1`, `n2` and `n3`), each offered to
+/// `tenant-a` with a quota of 64 GPUs.
+pub(crate) struct World {
+    pub(crate) server: Server,
+    pub(crate) tenant: Api,
+    pub(crate) pool: String,
+    pub(crate) other_pool: String,
 }
 
-async fn world(db: Db) -> World {
+pub(crate) async fn world(db: Db) -> World {
     let server = Server::start(db).await;
     let provider = server.org_with_key("acme", "provider").await;
     for n in 1..=3 {
@@ -49,7 +51,8 @@ async fn world(db: Db) -> World {
 }
 
 impl World {
-    async fn upload(&self, file: &str) -> Value {
+    /// Uploads the built component `file` under its stem as name, version `1.0.0`.
+    pub(crate) async fn upload(&self, file: &str) -> Value {
         let bytes = std::fs::read(component(file)).unwrap();
         let (status, plugin) = self
             .server
@@ -71,7 +74,7 @@ impl World {
         plugin
     }
 
-    async fn assign(&self, pool: &str, body: Value) {
+    pub(crate) async fn assign(&self, pool: &str, body: Value) {
         let (status, answer) = self
             .server
             .admin()
@@ -80,7 +83,7 @@ impl World {
         assert_eq!(status, StatusCode::OK, "{answer}");
     }
 
-    async fn create(&self, pool: &str, key: &str, gpus: i64) -> (StatusCode, Value) {
+    pub(crate) async fn create(&self, pool: &str, key: &str, gpus: i64) -> (StatusCode, Value) {
         let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [{ "class": "gpu", "count": gpus }], "duration": "2h", "idempotencyKey": key });
         self.tenant
             .post("/api/compute/reservations/create", body)
@@ -125,7 +128,12 @@ async fn an_uploaded_placer_changes_where_reservations_go(db: Db) {
     );
     let (_, listed) = w.server.admin().get("/v1/plugins").await;
     assert_eq!(listed[0]["assignedTo"], json!([w.pool]));
-    let (_, again) = w
+    let again = w.upload("orl_placer_spread.wasm").await;
+    assert_eq!(
+        again["id"], spread["id"],
+        "the same bytes under the same name are the same plugin"
+    );
+    let (status, err) = w
         .server
         .admin()
         .raw(
@@ -135,9 +143,10 @@ async fn an_uploaded_placer_changes_where_reservations_go(db: Db) {
             None,
         )
         .await;
+    assert_error(status, &err, StatusCode::CONFLICT, "CONFLICT");
     assert_eq!(
-        again["id"], spread["id"],
-        "the same bytes are the same plugin"
+        err["error"]["details"]["pluginId"], spread["id"],
+        "the same bytes under another name name the stored plugin"
     );
 }
 
@@ -233,7 +242,7 @@ async fn hostile_plugins_fail_only_their_own_decision(db: Db) {
         .get(&format!("/v1/pools/{}/offers", w.pool))
         .await;
     assert_eq!(
-        offers["items"][0]["used"],
+        offers[0]["used"],
         json!({}),
         "a failed decision charges nothing"
     );

@@ -96,13 +96,107 @@ async fn managed_pool(conn: &mut AnyConnection, caller: &Principal, pool_id: &st
     }
 }
 
-/// Assigns plugins to a pool, atomically.
+/// `PATCH /v1/pools/{poolId}/policies` body: only the fields it names change. A plugin,
+/// `config` or `deadlineMs` given as `null` goes back to its default.
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PoolPoliciesPatch {
+    /// Plugin id of a `placer`; `null` for the built-in default.
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<String>)]
+    pub placement: Option<Option<String>>,
+    /// Plugin id of a `preemptor`; `null` for the built-in default.
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<String>)]
+    pub preemption: Option<Option<String>>,
+    /// Plugin id of a `spend-guard`; `null` for the built-in default.
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<String>)]
+    pub spend_limit: Option<Option<String>>,
+    /// JSON the plugins read from `/config/config.json`; `null` for none.
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<Option<Value>>,
+    /// Time a decision may take, 1-10000 ms; `null` for the default (50).
+    #[serde(default, deserialize_with = "given")]
+    #[schema(value_type = Option<i64>)]
+    pub deadline_ms: Option<Option<i64>>,
+    #[serde(default)]
+    pub on_policy_failure: Option<OnPolicyFailure>,
+}
+
+/// A field that is present, `null` or not: `Some(None)` for `null`.
+fn given<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+impl PoolPoliciesPatch {
+    /// `current` with the fields this patch names replaced.
+    fn apply(self, mut current: PoolPolicies) -> PoolPolicies {
+        fn set<T>(field: &mut Option<T>, value: Option<Option<T>>) {
+            if let Some(value) = value {
+                *field = value;
+            }
+        }
+        set(&mut current.placement, self.placement);
+        set(&mut current.preemption, self.preemption);
+        set(&mut current.spend_limit, self.spend_limit);
+        set(&mut current.config, self.config);
+        set(&mut current.deadline_ms, self.deadline_ms);
+        if let Some(on_failure) = self.on_policy_failure {
+            current.on_policy_failure = on_failure;
+        }
+        current.updated_at = None;
+        current
+    }
+}
+
+/// Assigns plugins to a pool, atomically: `body` replaces the whole assignment (what it
+/// leaves out goes back to its default).
 pub async fn put(
     app: &App,
     caller: &Principal,
     pool_id: &str,
     body: PoolPolicies,
 ) -> Result<PoolPolicies> {
+    assign(app, caller, pool_id, "pool.assign-policies", |_| body).await
+}
+
+/// Changes only the fields `patch` names of a pool's assignment, atomically.
+pub async fn patch(
+    app: &App,
+    caller: &Principal,
+    pool_id: &str,
+    patch: PoolPoliciesPatch,
+) -> Result<PoolPolicies> {
+    assign(app, caller, pool_id, "pool.patch-policies", |current| {
+        patch.apply(current)
+    })
+    .await
+}
+
+/// Writes the assignment `change` makes of the pool's current one, in one transaction that
+/// holds the pool's row, so two changes of one pool never lose each other's fields.
+async fn assign(
+    app: &App,
+    caller: &Principal,
+    pool_id: &str,
+    action: &str,
+    change: impl FnOnce(PoolPolicies) -> PoolPolicies,
+) -> Result<PoolPolicies> {
+    let now = app.now_ms();
+    let mut tx = app.store.begin().await?;
+    let pool = managed_pool(&mut tx, caller, pool_id).await?;
+    sqlx::query(&format!(
+        "SELECT id FROM pools WHERE id = $1{}",
+        app.store.for_update()
+    ))
+    .bind(pool_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let body = change(find(&mut tx, pool_id).await?);
     if let Some(deadline) = body.deadline_ms {
         crate::validation::range("deadlineMs", deadline, 1, 10_000)?;
     }
@@ -113,9 +207,6 @@ pub async fn put(
     {
         return Err(Error::invalid("config", "at most 64 KiB of JSON"));
     }
-    let now = app.now_ms();
-    let mut tx = app.store.begin().await?;
-    let pool = managed_pool(&mut tx, caller, pool_id).await?;
     for (field, id, world) in [
         ("placement", &body.placement, World::Placer),
         ("preemption", &body.preemption, World::Preemptor),
@@ -157,7 +248,7 @@ pub async fn put(
     .await?;
     let entry = Entry {
         org_id: &pool.owner_org_id,
-        action: "pool.assign-policies",
+        action,
         object_type: "pool",
         object_id: pool_id,
         reason: None,
@@ -217,16 +308,23 @@ async fn resolve_now(
             .policy
             .default_for(world)
             .ok_or_else(|| anyhow::anyhow!("no built-in {} policy", world.as_str()))?,
-        Some(id) => {
-            let bytes = registry::bytes(conn, id)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("assigned plugin {id} is missing"))?;
-            let host = app.policy.clone();
-            tokio::task::spawn_blocking(move || host.load(&bytes))
-                .await
-                .map_err(|e| anyhow::anyhow!("loading a plugin: {e}"))?
-                .map_err(Error::PolicyFailed)?
-        }
+        // Compiled plugins are kept by id: a decision reads and hashes a plugin's bytes only
+        // the first time this process runs it.
+        Some(id) => match app.policy.cached(id) {
+            Some(loaded) => loaded,
+            None => {
+                let (name, bytes) = registry::stored(conn, id)
+                    .await?
+                    .ok_or_else(|| anyhow::anyhow!("assigned plugin {id} is missing"))?;
+                let host = app.policy.clone();
+                let loaded = tokio::task::spawn_blocking(move || host.load(&bytes))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("loading a plugin: {e}"))?
+                    .map_err(Error::PolicyFailed)?;
+                app.policy.set_name(&loaded.id, &name);
+                loaded
+            }
+        },
     };
     Ok(Resolved {
         loaded,

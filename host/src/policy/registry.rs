@@ -41,7 +41,9 @@ fn may_read(caller: &Principal) -> bool {
 }
 
 /// Validates and stores a component (platform operators). Uploading the same bytes again
-/// returns the stored plugin; `created` says which.
+/// under the same name and version returns the stored plugin (`created` is then false);
+/// under another name or version it is a `CONFLICT` naming the stored plugin, since one
+/// component is one plugin.
 pub async fn upload(
     app: &App,
     caller: &Principal,
@@ -61,6 +63,10 @@ pub async fn upload(
             "send the component's bytes as the request body",
         ));
     }
+    let id = super::content_id(&bytes);
+    if let Some(existing) = find(&mut *app.store.pool().acquire().await?, &id).await? {
+        return same_plugin(existing, name, version).map(|p| (p, false));
+    }
     let host = app.policy.clone();
     let checked =
         tokio::task::spawn_blocking(move || host.load(&bytes).map(|loaded| (loaded, bytes)))
@@ -70,11 +76,12 @@ pub async fn upload(
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
     if let Some(existing) = find(&mut tx, &loaded.id).await? {
-        return Ok((existing, false));
+        return same_plugin(existing, name, version).map(|p| (p, false));
     }
-    sqlx::query(
+    // A concurrent upload of the same bytes may have stored them since: then it is theirs.
+    let inserted = sqlx::query(
         "INSERT INTO plugins (id, name, version, world, size, bytes, created_by, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
     )
     .bind(&loaded.id)
     .bind(name)
@@ -85,7 +92,16 @@ pub async fn upload(
     .bind(&caller.key_id)
     .bind(now)
     .execute(&mut **tx)
-    .await?;
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        tx.rollback().await?;
+        let mut conn = app.store.pool().acquire().await?;
+        let existing = find(&mut conn, &loaded.id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("plugin vanished"))?;
+        return same_plugin(existing, name, version).map(|p| (p, false));
+    }
     let entry = Entry {
         org_id: OPS_ORG,
         action: "plugin.upload",
@@ -99,7 +115,25 @@ pub async fn upload(
         .await?
         .ok_or_else(|| anyhow::anyhow!("plugin vanished"))?;
     tx.commit().await?;
+    app.policy.set_name(&plugin.id, name);
     Ok((plugin, true))
+}
+
+/// The stored plugin `existing` when an upload of its bytes names it as it is stored; a
+/// `CONFLICT` naming it otherwise.
+fn same_plugin(existing: Plugin, name: &str, version: &str) -> Result<Plugin> {
+    if existing.name == name && existing.version == version {
+        return Ok(existing);
+    }
+    Err(Error::conflict(
+        format!(
+            "these bytes are already stored as plugin {} ({} {}); one component is one plugin",
+            existing.id, existing.name, existing.version
+        ),
+        Some(
+            json!({ "pluginId": existing.id, "name": existing.name, "version": existing.version }),
+        ),
+    ))
 }
 
 const COLUMNS: &str = "id, name, version, world, size, created_at";
@@ -136,14 +170,13 @@ pub async fn find(conn: &mut AnyConnection, id: &str) -> Result<Option<Plugin>> 
     }
 }
 
-/// The component bytes of a stored plugin.
-pub async fn bytes(conn: &mut AnyConnection, id: &str) -> Result<Option<Vec<u8>>> {
-    Ok(
-        sqlx::query_scalar("SELECT bytes FROM plugins WHERE id = $1")
-            .bind(id)
-            .fetch_optional(conn)
-            .await?,
-    )
+/// The name and component bytes of a stored plugin.
+pub async fn stored(conn: &mut AnyConnection, id: &str) -> Result<Option<(String, Vec<u8>)>> {
+    let row = sqlx::query("SELECT name, bytes FROM plugins WHERE id = $1")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|r| (r.get("name"), r.get("bytes"))))
 }
 
 /// The pools the caller sees (those its org owns or is offered), or `None` for platform

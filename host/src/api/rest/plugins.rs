@@ -10,7 +10,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::{Json, Path, Query, RawBody};
 use crate::iam::Principal;
-use crate::policy::assignment::{self, PoolPolicies};
+use crate::policy::assignment::{self, PoolPolicies, PoolPoliciesPatch};
 use crate::policy::registry::{self, MAX_PLUGIN_BYTES, Plugin};
 use crate::{App, Result};
 
@@ -19,7 +19,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(upload, list_plugins))
         .layer(DefaultBodyLimit::max(MAX_PLUGIN_BYTES))
         .routes(routes!(get_plugin, delete_plugin))
-        .routes(routes!(put_policies, get_policies))
+        .routes(routes!(put_policies, patch_policies, get_policies))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -27,10 +27,8 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 #[into_params(parameter_in = Query)]
 struct UploadQuery {
     /// `^[A-Za-z0-9._:-]{1,128}$`
-    #[param(pattern = r"^[A-Za-z0-9._:-]{1,128}$", max_length = 128)]
     name: String,
     /// At most 64 characters, e.g. `1.2.0`.
-    #[param(max_length = 64)]
     version: String,
 }
 
@@ -87,7 +85,8 @@ async fn delete_plugin(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Assign plugins to a pool, atomically; decisions already running finish on the plugin
+/// Assign plugins to a pool, atomically: the body replaces the whole assignment (what it
+/// leaves out goes back to its default); decisions already running finish on the plugin
 /// they started with.
 #[utoipa::path(put, path = "/v1/pools/{poolId}/policies", tag = "plugins", params(("poolId" = String, Path)), request_body = PoolPolicies,
     responses((status = 200, body = PoolPolicies), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
@@ -98,6 +97,21 @@ async fn put_policies(
     Json(body): Json<PoolPolicies>,
 ) -> Result<Json<PoolPolicies>> {
     Ok(Json(assignment::put(&app, &caller, &pool_id, body).await?))
+}
+
+/// Change only the named fields of a pool's assignment, atomically (`null` puts a field
+/// back to its default).
+#[utoipa::path(patch, path = "/v1/pools/{poolId}/policies", tag = "plugins", params(("poolId" = String, Path)), request_body = PoolPoliciesPatch,
+    responses((status = 200, body = PoolPolicies), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
+async fn patch_policies(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Path(pool_id): Path<String>,
+    Json(body): Json<PoolPoliciesPatch>,
+) -> Result<Json<PoolPolicies>> {
+    Ok(Json(
+        assignment::patch(&app, &caller, &pool_id, body).await?,
+    ))
 }
 
 /// The plugins a pool runs (absent: the built-in defaults).
