@@ -45,8 +45,10 @@ fn operations(doc: &mut Value) -> impl Iterator<Item = &mut Value> {
 /// A body that may be left out (`Option<T>`) is declared not required and of `T`'s
 /// schema, not as `T` or `null`: a body must be a JSON object, and `null` is refused.
 fn optional_body_is_its_object(operation: &mut Value) {
-    let bodies = operation["requestBody"]["content"]
-        .as_object_mut()
+    // `pointer_mut`, not indexing: indexing would add a `requestBody` to every operation.
+    let bodies = operation
+        .pointer_mut("/requestBody/content")
+        .and_then(Value::as_object_mut)
         .into_iter()
         .flat_map(|content| content.values_mut());
     for media in bodies {
