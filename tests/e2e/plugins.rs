@@ -242,7 +242,7 @@ async fn hostile_plugins_fail_only_their_own_decision(db: Db) {
         .get(&format!("/v1/pools/{}/offers", w.pool))
         .await;
     assert_eq!(
-        offers[0]["used"],
+        offers["items"][0]["used"],
         json!({}),
         "a failed decision charges nothing"
     );

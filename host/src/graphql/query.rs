@@ -106,17 +106,16 @@ impl Query {
     ) -> Result<Connection<String, NodeReservation>> {
         let (app, caller) = (app(ctx), caller(ctx)?);
         let status = queries::parse_status(status.as_deref())?;
-        let found = match (node_id, org_id) {
-            (Some(node_id), None) => queries::list_for_node(app, caller, &node_id)
-                .await?
-                .into_iter()
-                .filter(|r| status.is_none_or(|s| r.status == s))
-                .collect(),
-            (None, Some(org_id)) => queries::list_for_org(app, caller, &org_id, status).await?,
-            _ => {
-                return Err(
-                    Error::invalid("nodeId", "give exactly one of nodeId and orgId").into(),
-                );
+        let cursor_of = |r: &NodeReservation| r.id.clone();
+        match (node_id, org_id) {
+            (Some(node_id), None) => {
+                let found = queries::list_for_node(app, caller, &node_id)
+                    .await?
+                    .into_iter()
+                    .filter(|r| status.is_none_or(|s| r.status == s))
+                    .map(NodeReservation::from)
+                    .collect();
+                Ok(page::slice(found, first, after, cursor_of)?)
             }
             (None, Some(org_id)) => {
                 let first = limits::page_size(first)?;

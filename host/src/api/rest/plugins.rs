@@ -27,8 +27,10 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
 #[into_params(parameter_in = Query)]
 struct UploadQuery {
     /// `^[A-Za-z0-9._:-]{1,128}$`
+    #[param(pattern = r"^[A-Za-z0-9._:-]{1,128}$", max_length = 128)]
     name: String,
     /// At most 64 characters, e.g. `1.2.0`.
+    #[param(max_length = 64)]
     version: String,
 }
 
