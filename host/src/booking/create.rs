@@ -5,7 +5,8 @@ use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
-    CREATE, Laying, attributes, bookable_pool, emit, not_found, placement_event, push_event,
+    CREATE, Laying, attributes, bookable_pool, commit_laying, emit, not_found, placement_event,
+    push_event,
 };
 use super::place;
 use super::store::{self, ComputeReservation, Reservation};
@@ -616,29 +617,75 @@ async fn charge_and_place(
     for attempt in 0..place::PLACE_ATTEMPTS {
         // Held in the view until the placement commits (or not).
         let (decided, _assumed) = place::decide(app, (pool, at), &r).await?;
-        let mut member = app.placements.join(&app.store).await?;
-        let conn = member.conn();
+        let mut writer = Writer::for_decision(app, &decided).await?;
+        let conn = writer.conn();
         let write = write_placement(app, conn, &placing, &terms, &mut r, decided, attempt);
         match write.await {
             Ok(Written::Keep { since, laying }) => {
-                member.keep(since, laying).await?;
+                writer.keep(app, since, laying).await?;
                 return Ok(Some(r));
             }
             Ok(Written::Done(done)) => {
-                member.drop_writes().await?;
+                writer.drop_writes().await?;
                 return Ok(done.map(|r| *r));
             }
             Ok(Written::Lost(nodes)) => {
-                member.drop_writes().await?;
+                writer.drop_writes().await?;
                 app.capacity.forget(&nodes).await;
             }
+            // It gave up waiting for a lock, or deadlocked: tried again once the transaction
+            // it waited for is done, it may well succeed.
+            Err(err) if err.is_transaction_conflict() && attempt + 1 < place::PLACE_ATTEMPTS => {
+                writer.drop_writes().await?;
+            }
             Err(err) => {
-                member.drop_writes().await?;
+                writer.drop_writes().await?;
                 return Err(err);
             }
         }
     }
     unreachable!("the last placement attempt never asks to decide again")
+}
+
+/// Where a placement attempt writes: with the creates writing at the same time
+/// ([`super::group`]), or alone, when it may terminate spot work: a preemption chooses its
+/// victims on what the database holds, so it must see every placement before it committed.
+enum Writer {
+    Member(super::group::Member),
+    Alone(crate::store::Tx),
+}
+
+impl Writer {
+    async fn for_decision(app: &App, decided: &place::Decided) -> Result<Writer> {
+        Ok(match decided {
+            place::Decided::NoFit { spot_nodes, .. } if !spot_nodes.is_empty() => {
+                Writer::Alone(app.store.begin().await?)
+            }
+            _ => Writer::Member(app.placements.join(&app.store).await?),
+        })
+    }
+
+    fn conn(&mut self) -> &mut AnyConnection {
+        match self {
+            Writer::Member(member) => member.conn(),
+            Writer::Alone(tx) => tx,
+        }
+    }
+
+    /// Commits what was written (with the group, or now) and lays `laying` onto the view.
+    async fn keep(self, app: &App, since: Since, laying: Laying) -> Result<()> {
+        match self {
+            Writer::Member(member) => member.keep(since, laying).await,
+            Writer::Alone(tx) => commit_laying(app, tx, since, laying).await,
+        }
+    }
+
+    async fn drop_writes(self) -> Result<()> {
+        match self {
+            Writer::Member(member) => member.drop_writes().await,
+            Writer::Alone(tx) => Ok(tx.rollback().await?),
+        }
+    }
 }
 
 /// What a create charges: the charge, the offer's quota limits, and the spending the

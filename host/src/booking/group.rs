@@ -28,12 +28,14 @@ use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::engine::Laying;
 use crate::capacity::{Edit, Since, View};
-use crate::store::{Store, Tx};
+use crate::store::{Backend, Store, Tx};
 use crate::{Error, Result};
 
 /// The most creates one commit takes, so that the first of a group waits little.
 const MAX_MEMBERS: usize = 16;
 
+/// How long a member waits for a lock before it gives up and is tried again (PostgreSQL).
+const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '200ms'";
 const SAVEPOINT: &str = "SAVEPOINT orl_member";
 const RELEASE: &str = "RELEASE SAVEPOINT orl_member";
 const ROLLBACK: &str = "ROLLBACK TO SAVEPOINT orl_member; RELEASE SAVEPOINT orl_member";
@@ -120,8 +122,14 @@ impl Group {
         };
         let open = member.guard.as_mut().expect("held");
         if open.is_none() {
+            let mut tx = store.begin().await?;
+            if store.backend() == Backend::Postgres {
+                // A member never waits long for a row another transaction holds: that one
+                // may be waiting for this group's locks, taken by the members before it.
+                execute(&mut tx, LOCK_TIMEOUT).await?;
+            }
             **open = Some(Open {
-                tx: store.begin().await?,
+                tx,
                 members: 0,
                 since: None,
                 edits: Vec::new(),
