@@ -24,7 +24,9 @@ pub struct App {
     /// How long a node watched by an agent may stay silent before it is lost.
     pub node_lost_after_ms: i64,
     /// What every node offers and what holds it, in memory ([`crate::capacity`]).
-    pub capacity: crate::capacity::View,
+    pub capacity: Arc<crate::capacity::View>,
+    /// Creates' placements written together ([`crate::booking::group`]).
+    pub placements: crate::booking::group::Group,
     /// Pools' settings, offers' terms, IAM policies and plugin assignments, in memory
     /// ([`crate::settings`]).
     pub settings: crate::settings::Settings,
@@ -41,8 +43,10 @@ impl App {
         provider_share_bps: u32,
         node_lost_after_ms: i64,
     ) -> Arc<App> {
+        let capacity = Arc::new(crate::capacity::View::new(&store));
         Arc::new(App {
-            capacity: crate::capacity::View::new(&store),
+            placements: crate::booking::group::Group::new(capacity.clone()),
+            capacity,
             settings: crate::settings::Settings::default(),
             replica: crate::ids::new_id("rep", clock.now_ms()),
             store,

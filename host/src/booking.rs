@@ -40,6 +40,7 @@ pub mod create;
 pub mod engine;
 pub mod extend;
 pub mod gang;
+pub mod group;
 pub mod lifecycle;
 pub mod list;
 pub mod place;

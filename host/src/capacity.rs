@@ -639,6 +639,16 @@ impl Since {
     /// change to capacity is laid onto the view: on SQLite every row up to it is then
     /// known to be the transaction's, for nodes laid on, and [`View::apply`] need not read
     /// them.
+    /// What a transaction whose changes came in parts, `self` first and `later` last (the
+    /// members of a group commit), lays on: from the first part's start to the last one's
+    /// end.
+    pub fn through(self, later: Since) -> Since {
+        match (self, later) {
+            (Since::Rows { after, .. }, Since::Rows { until, .. }) => Since::Rows { after, until },
+            _ => later,
+        }
+    }
+
     pub fn until(self, value: i64) -> Since {
         match self {
             Since::Rows { after, .. } => Since::Rows {

@@ -76,16 +76,24 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether this is a transaction that raced another and was rolled back: trying again
+    /// may succeed.
+    pub fn is_transaction_conflict(&self) -> bool {
+        matches!(self, Error::Conflict { details: Some(d), .. } if d["reason"] == "transaction-conflict")
+    }
+}
+
 impl From<sqlx::Error> for Error {
-    /// A transaction PostgreSQL aborted because it raced another (a deadlock or a
-    /// serialization failure) is the caller's to retry, a `CONFLICT`; anything else is a
-    /// fault, logged with its cause.
+    /// A transaction PostgreSQL aborted because it raced another (a deadlock, a
+    /// serialization failure, or a lock it gave up waiting for) is the caller's to retry, a
+    /// `CONFLICT`; anything else is a fault, logged with its cause.
     fn from(err: sqlx::Error) -> Self {
         let code = err
             .as_database_error()
             .and_then(|e| e.code())
             .map(|c| c.into_owned());
-        if matches!(code.as_deref(), Some("40P01" | "40001")) {
+        if matches!(code.as_deref(), Some("40P01" | "40001" | "55P03")) {
             return Error::conflict(
                 "the request raced a concurrent change and was rolled back; retry",
                 Some(serde_json::json!({ "reason": "transaction-conflict" })),

@@ -125,6 +125,7 @@ on_both_databases!(
     an_agents_refused_create_is_confirmed_by_a_person,
     spend_limit_refuses_what_the_budget_cannot_cover,
     sixty_four_concurrent_creates_book_exactly_the_last_eight_gpus,
+    concurrent_creates_past_the_quota_are_refused_each_alone_and_charge_it_exactly,
     node_reservation_rights_are_honoured_by_placement,
     events_are_written_with_each_change_and_scoped_to_the_tenant,
 );
@@ -1070,4 +1071,46 @@ async fn events_are_written_with_each_change_and_scoped_to_the_tenant(db: Db) {
     let after = events["items"][1]["id"].as_i64().unwrap();
     let (_, rest) = w.tenant.get(&format!("/v1/events?after={after}")).await;
     assert_eq!(rest["items"].as_array().unwrap().len(), 2);
+}
+
+/// Creates written together (one commit for several) still charge the quota one by one: the
+/// ones past it are refused on their own, with what the quota leaves as the placements
+/// before them left it, and the others stay placed.
+async fn concurrent_creates_past_the_quota_are_refused_each_alone_and_charge_it_exactly(db: Db) {
+    let w = world(db, 4, 12).await;
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(40));
+    let calls = (0..40).map(|i| {
+        let tenant = w.tenant.clone();
+        let body = w.ask(&format!("quota-race-{i}"), 1);
+        let start = start.clone();
+        tokio::spawn(async move {
+            start.wait().await;
+            rpc(&tenant, "create", body).await
+        })
+    });
+    let results: Vec<(StatusCode, Value)> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let placed = results
+        .iter()
+        .filter(|(s, r)| *s == StatusCode::OK && r["state"] == "placed")
+        .count();
+    let refused: Vec<&Value> = results
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::CONFLICT)
+        .map(|(_, e)| e)
+        .collect();
+    assert_eq!((placed, refused.len()), (12, 28), "{results:?}");
+    for err in refused {
+        assert_eq!(err["error"]["code"], "QUOTA_EXCEEDED", "{err}");
+        let details = &err["error"]["details"];
+        assert_eq!(details["limit"], 12, "{err}");
+        assert_eq!(
+            details["used"], 12,
+            "refused only once the quota is used up: {err}"
+        );
+    }
+    assert_eq!(w.used_gpus().await, 12);
 }

@@ -5,7 +5,8 @@ use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
-    CREATE, attributes, bookable_pool, commit_laying, emit, not_found, placement_event, push_event,
+    CREATE, Laying, attributes, bookable_pool, commit_laying, emit, not_found, placement_event,
+    push_event,
 };
 use super::place;
 use super::store::{self, ComputeReservation, Reservation};
@@ -614,15 +615,77 @@ async fn charge_and_place(
         spent: spent.as_ref(),
     };
     for attempt in 0..place::PLACE_ATTEMPTS {
+        // Held in the view until the placement commits (or not).
         let (decided, _assumed) = place::decide(app, (pool, at), &r).await?;
-        let tx = app.store.begin().await?;
-        let write = write_placement(app, tx, &placing, &terms, &mut r, decided, attempt);
-        match write.await? {
-            Written::Done(done) => return Ok(done.map(|r| *r)),
-            Written::Lost => continue,
+        let mut writer = Writer::for_decision(app, &decided).await?;
+        let conn = writer.conn();
+        let write = write_placement(app, conn, &placing, &terms, &mut r, decided, attempt);
+        match write.await {
+            Ok(Written::Keep { since, laying }) => {
+                writer.keep(app, since, laying).await?;
+                return Ok(Some(r));
+            }
+            Ok(Written::Done(done)) => {
+                writer.drop_writes().await?;
+                return Ok(done.map(|r| *r));
+            }
+            Ok(Written::Lost(nodes)) => {
+                writer.drop_writes().await?;
+                app.capacity.forget(&nodes).await;
+            }
+            // It gave up waiting for a lock, or deadlocked: tried again once the transaction
+            // it waited for is done, it may well succeed.
+            Err(err) if err.is_transaction_conflict() && attempt + 1 < place::PLACE_ATTEMPTS => {
+                writer.drop_writes().await?;
+            }
+            Err(err) => {
+                writer.drop_writes().await?;
+                return Err(err);
+            }
         }
     }
     unreachable!("the last placement attempt never asks to decide again")
+}
+
+/// Where a placement attempt writes: with the creates writing at the same time
+/// ([`super::group`]), or alone, when it may terminate spot work: a preemption chooses its
+/// victims on what the database holds, so it must see every placement before it committed.
+enum Writer {
+    Member(super::group::Member),
+    Alone(crate::store::Tx),
+}
+
+impl Writer {
+    async fn for_decision(app: &App, decided: &place::Decided) -> Result<Writer> {
+        Ok(match decided {
+            place::Decided::NoFit { spot_nodes, .. } if !spot_nodes.is_empty() => {
+                Writer::Alone(app.store.begin().await?)
+            }
+            _ => Writer::Member(app.placements.join(&app.store).await?),
+        })
+    }
+
+    fn conn(&mut self) -> &mut AnyConnection {
+        match self {
+            Writer::Member(member) => member.conn(),
+            Writer::Alone(tx) => tx,
+        }
+    }
+
+    /// Commits what was written (with the group, or now) and lays `laying` onto the view.
+    async fn keep(self, app: &App, since: Since, laying: Laying) -> Result<()> {
+        match self {
+            Writer::Member(member) => member.keep(since, laying).await,
+            Writer::Alone(tx) => commit_laying(app, tx, since, laying).await,
+        }
+    }
+
+    async fn drop_writes(self) -> Result<()> {
+        match self {
+            Writer::Member(member) => member.drop_writes().await,
+            Writer::Alone(tx) => Ok(tx.rollback().await?),
+        }
+    }
 }
 
 /// What a create charges: the charge, the offer's quota limits, and the spending the
@@ -633,19 +696,24 @@ struct Terms<'a> {
     spent: Option<&'a Spending>,
 }
 
-/// What one placement attempt's transaction came to.
+/// What one placement attempt's writes came to.
 enum Written {
-    /// Committed (or found already stored): the answer of [`charge_and_place`].
+    /// To commit: `r` placed or pending, and what it lays onto the view, read from `since`.
+    Keep { since: Since, laying: Laying },
+    /// Nothing to keep: the answer of [`charge_and_place`] (the reservation found already
+    /// stored; `None` when a concurrent create with the same key stored its draft first).
     Done(Option<Box<Reservation>>),
-    /// The decision lost to a commit the view had not seen: decide again.
-    Lost,
+    /// The decision lost to a commit the view had not seen: forget these nodes and decide
+    /// again.
+    Lost(Vec<String>),
 }
 
-/// One placement attempt, in `tx`, from the draft to the commit: the write half of
-/// [`charge_and_place`].
+/// One placement attempt's writes, in `tx`, from the draft to what is to commit: the write
+/// half of [`charge_and_place`]. The caller keeps them or rolls them back, as this answers
+/// (rolled back on an error).
 async fn write_placement(
     app: &App,
-    mut tx: crate::store::Tx,
+    tx: &mut AnyConnection,
     placing: &Placing<'_>,
     terms: &Terms<'_>,
     r: &mut Reservation,
@@ -659,7 +727,7 @@ async fn write_placement(
         stored,
     } = *placing;
     let since = if stored {
-        let current = store::find(&mut tx, &r.id, app.store.for_update())
+        let current = store::find(tx, &r.id, app.store.for_update())
             .await?
             .ok_or_else(|| not_found(&r.id))?;
         if !current.state.is_draft() {
@@ -667,20 +735,19 @@ async fn write_placement(
         }
         r.version = current.version;
         r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id.take());
-        app.capacity.since(&mut tx).await?
+        app.capacity.since(tx).await?
     } else {
-        let Some(since) = insert_draft(app, &mut tx, caller, r).await? else {
-            tx.rollback().await?;
+        let Some(since) = insert_draft(app, tx, caller, r).await? else {
             return Ok(Written::Done(None));
         };
         since
     };
     if let Some(spent) = terms.spent {
-        let now_spent = spending(app, &mut tx, pool, offer, r).await?;
+        let now_spent = spending(app, tx, pool, offer, r).await?;
         if now_spent.as_ref() != Some(spent)
             && let Some(now_spent) = &now_spent
         {
-            judge_spending(app, &mut tx, (pool, at), now_spent).await?;
+            judge_spending(app, tx, (pool, at), now_spent).await?;
         }
     }
     // Read after the locks: the bookings written below start no earlier than this.
@@ -689,26 +756,17 @@ async fn write_placement(
     // quota) are taken in the order a reclaim takes them, so the two never deadlock. The
     // bookings are written with what follows, in its round trip.
     let mut deferred = place::Deferred {
-        batch: Batch::on(&tx),
+        batch: Batch::on(tx),
         expect: Vec::new(),
     };
     // What to decide again from if the bookings lose in the final round trip, after the
     // placement marked `r` placed.
     let unplaced = r.clone();
-    let placing = place::try_place(
-        app,
-        &mut tx,
-        pool,
-        r,
-        decided,
-        attempt,
-        now,
-        Some(&mut deferred),
-    );
+    let placing = place::try_place(app, tx, pool, r, decided, attempt, now, Some(&mut deferred));
     let (placed, preempted) = match placing.await? {
         place::Outcome::Placed { preempted } => (true, preempted),
         place::Outcome::Pending => (false, Vec::new()),
-        place::Outcome::Lost(nodes) => return lost(app, tx, &nodes).await,
+        place::Outcome::Lost(nodes) => return Ok(Written::Lost(nodes)),
     };
     // One round trip writes the bookings, the reservation, its audit entry, the quota
     // charge and the event, so the tenant's quota rows stay locked only until the commit
@@ -735,7 +793,7 @@ async fn write_placement(
     let laying = place::laying(app, r, &preempted, now).await;
     // A booking loses to one the view had not seen (an overlap), or to a unit no longer on
     // its node (fewer rows).
-    let written = match batch.execute_then(&mut tx, app.capacity.since_sql()).await {
+    let written = match batch.execute_then(tx, app.capacity.since_sql()).await {
         Ok((rows, until)) if rows[..expect.len()] == expect[..] => Some((rows, until)),
         Ok(_) => None,
         Err(err) if violates(&err, "bookings_no_overlap") => None,
@@ -744,40 +802,32 @@ async fn write_placement(
     let Some((rows, until)) = written else {
         let nodes = r.node_ids();
         *r = unplaced;
-        return lost(app, tx, &nodes).await;
+        return Ok(Written::Lost(nodes));
     };
     let rows = &rows[expect.len()..];
     if rows[0] != 1 {
-        tx.rollback().await?;
         return Err(super::lifecycle::changed_concurrently(r));
     }
     if let Some(resource) = store::unfitting(charged, &rows[2..]) {
-        tx.rollback().await?;
-        return Err(quota_exceeded(app, r, terms.charge, terms.limits, &resource).await?);
+        return Err(quota_exceeded(tx, r, terms.charge, terms.limits, &resource).await?);
     }
     r.version += 1;
-    commit_laying(app, tx, since.until(until), laying).await?;
-    Ok(Written::Done(Some(Box::new(r.clone()))))
+    Ok(Written::Keep {
+        since: since.until(until),
+        laying,
+    })
 }
 
-/// An attempt whose decision lost to a commit the view had not seen: rolls back and has
-/// the view load `nodes` again, to decide again.
-async fn lost(app: &App, tx: crate::store::Tx, nodes: &[String]) -> Result<Written> {
-    tx.rollback().await?;
-    app.capacity.forget(nodes).await;
-    Ok(Written::Lost)
-}
-
-/// `QUOTA_EXCEEDED` for `resource`, with what the quota leaves.
+/// `QUOTA_EXCEEDED` for `resource`, with what the quota leaves, read in the transaction that
+/// refused the charge (which sees the charges of the placements written with it).
 async fn quota_exceeded(
-    app: &App,
+    conn: &mut AnyConnection,
     r: &Reservation,
     charge: &BTreeMap<String, i64>,
     limits: &BTreeMap<String, i64>,
     resource: &str,
 ) -> Result<Error> {
-    let mut conn = app.store.pool().acquire().await?;
-    let used = crate::pools::store::quota_used(&mut conn, &r.pool_id, &r.tenant_id).await?;
+    let used = crate::pools::store::quota_used(conn, &r.pool_id, &r.tenant_id).await?;
     let limit = limits.get(resource).copied().unwrap_or(0);
     let used = used.get(resource).copied().unwrap_or(0);
     Ok(Error::QuotaExceeded {

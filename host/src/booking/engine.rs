@@ -67,7 +67,7 @@ pub(super) async fn bookable_pool(
 }
 
 /// What a transaction lays onto the capacity view as it commits ([`commit_laying`]).
-pub(super) enum Laying {
+pub(crate) enum Laying {
     /// Its changes by node, each made against the generation the view held of the node
     /// before the commit.
     Edits(Vec<Edit>),
