@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::plugins::{World, world};
-use crate::support::{Db, T0, assert_error, component, on_both_databases};
+use crate::plugins::{World, world, world_on};
+use crate::support::{Db, Options, Server, T0, assert_error, component, on_both_databases};
 
 on_both_databases!(
     a_plugin_blocked_in_a_host_call_fails_at_its_deadline,
@@ -18,6 +18,7 @@ on_both_databases!(
     a_decision_never_reads_the_plugins_bytes,
     foreign_packages_versions_and_imports_are_refused_at_upload_before_compiling,
     drafts_of_creates_that_failed_are_swept_after_a_day,
+    a_plugin_call_logs_at_most_its_cap_tagged_with_the_plugins_name,
 );
 
 /// `bytes` uploaded as plugin `name`: the status and answer.
@@ -305,9 +306,13 @@ async fn foreign_packages_versions_and_imports_are_refused_at_upload_before_comp
     );
 }
 
-#[allow(dead_code)]
 async fn a_plugin_call_logs_at_most_its_cap_tagged_with_the_plugins_name(db: Db) {
-    let w = world(db).await;
+    // Plugins log at their own levels; the server is asked to write info and above.
+    let options = Options {
+        env: vec![("ORL_LOG".into(), "info".into())],
+        ..Options::default()
+    };
+    let w = world_on(Server::start_with(db, options).await).await;
     let flood = w.upload("log_flood.wasm").await;
     assert_eq!(flood["name"], "log-flood");
     w.assign(

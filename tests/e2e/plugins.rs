@@ -16,7 +16,10 @@ pub(crate) struct World {
 }
 
 pub(crate) async fn world(db: Db) -> World {
-    let server = Server::start(db).await;
+    world_on(Server::start(db).await).await
+}
+
+pub(crate) async fn world_on(server: Server) -> World {
     let provider = server.org_with_key("acme", "provider").await;
     for n in 1..=3 {
         register_node(&provider, "acme", &format!("n{n}"), 8).await;
