@@ -551,11 +551,16 @@ async fn the_cli_uploads_lists_gets_and_deletes_a_plugin(db: Db) {
         ),
         "the name comes from the file's: {uploaded}"
     );
-    let again = format!("plugins upload {file} --name spread --version 1.2.0");
-    let again = orl_json(&server, admin, &words(&again)).await;
+    let again = orl_json(&server, admin, &["plugins", "upload", file]).await;
     assert_eq!(
         again, uploaded,
-        "the same bytes are the plugin already stored"
+        "the same bytes under the same name are the plugin already stored"
+    );
+    let renamed = format!("plugins upload {file} --name spread --version 1.2.0");
+    let stderr = orl_fails(&server, admin, &words(&renamed)).await;
+    assert!(
+        stderr.contains("409 CONFLICT"),
+        "the same bytes under another name are refused: {stderr}"
     );
 
     let listed = orl(&server, admin, &["plugins", "list"]).await;
