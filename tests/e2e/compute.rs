@@ -85,6 +85,26 @@ impl World {
         .await
     }
 
+    /// `n` creates of 1 GPU (keys `{prefix}-{i}`), sent at once: released together by a
+    /// barrier. Their answers, in order.
+    async fn create_at_once(&self, prefix: &str, n: usize) -> Vec<(StatusCode, Value)> {
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+        let calls = (0..n).map(|i| {
+            let tenant = self.tenant.clone();
+            let body = self.ask(&format!("{prefix}-{i}"), 1);
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                rpc(&tenant, "create", body).await
+            })
+        });
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect()
+    }
+
     async fn used_gpus(&self) -> i64 {
         let (_, offers) = self
             .server
@@ -940,22 +960,7 @@ async fn sixty_four_concurrent_creates_book_exactly_the_last_eight_gpus(db: Db) 
         .collect();
     last_eight.sort();
     assert_eq!(last_eight.len(), 8);
-    // All 64 requests are sent at once, released together by a barrier.
-    let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
-    let calls = (0..64).map(|i| {
-        let tenant = w.tenant.clone();
-        let body = w.ask(&format!("race-{i}"), 1);
-        let start = start.clone();
-        tokio::spawn(async move {
-            start.wait().await;
-            rpc(&tenant, "create", body).await
-        })
-    });
-    let results: Vec<(StatusCode, Value)> = futures::future::join_all(calls)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let results = w.create_at_once("race", 64).await;
     assert!(
         results.iter().all(|(s, _)| *s == StatusCode::OK),
         "{results:?}"
@@ -1078,21 +1083,7 @@ async fn events_are_written_with_each_change_and_scoped_to_the_tenant(db: Db) {
 /// before them left it, and the others stay placed.
 async fn concurrent_creates_past_the_quota_are_refused_each_alone_and_charge_it_exactly(db: Db) {
     let w = world(db, 4, 12).await;
-    let start = std::sync::Arc::new(tokio::sync::Barrier::new(40));
-    let calls = (0..40).map(|i| {
-        let tenant = w.tenant.clone();
-        let body = w.ask(&format!("quota-race-{i}"), 1);
-        let start = start.clone();
-        tokio::spawn(async move {
-            start.wait().await;
-            rpc(&tenant, "create", body).await
-        })
-    });
-    let results: Vec<(StatusCode, Value)> = futures::future::join_all(calls)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let results = w.create_at_once("quota-race", 40).await;
     let placed = results
         .iter()
         .filter(|(s, r)| *s == StatusCode::OK && r["state"] == "placed")
