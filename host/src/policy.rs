@@ -35,7 +35,7 @@ pub mod registry;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -283,9 +283,36 @@ impl<W> Idle<W> {
     }
 }
 
+/// The thread that advances the engine's epoch every [`EPOCH_TICK`], and how many
+/// decisions are running: it ticks only while one is, and sleeps otherwise. Deadlines are
+/// counted from the epoch at a call's start, so a pause between calls changes none.
+struct Ticker {
+    running: Arc<AtomicUsize>,
+    thread: std::thread::Thread,
+}
+
+impl Ticker {
+    /// Keeps the epoch advancing until the answer is dropped.
+    fn tick(&self) -> Ticking<'_> {
+        if self.running.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.thread.unpark();
+        }
+        Ticking(self)
+    }
+}
+
+struct Ticking<'a>(&'a Ticker);
+
+impl Drop for Ticking<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The runtime: engine, linker, and the compiled plugins.
 pub struct PolicyHost {
     engine: Engine,
+    ticker: Ticker,
     linker: Linker<PluginState>,
     loaded: Mutex<HashMap<String, Arc<Loaded>>>,
     /// Loads in progress by id: every caller of one id waits for the one load.
@@ -380,17 +407,29 @@ impl PolicyHost {
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
         let engine = Engine::new(&config)
             .map_err(|e| anyhow::Error::from(e).context("starting the WebAssembly engine"))?;
-        let ticker = engine.weak();
-        std::thread::Builder::new()
+        let ticks = engine.weak();
+        let running = Arc::new(AtomicUsize::new(0));
+        let calls = running.clone();
+        let thread = std::thread::Builder::new()
             .name("orl-epoch".into())
             .spawn(move || {
-                while let Some(engine) = ticker.upgrade() {
+                while let Some(engine) = ticks.upgrade() {
+                    if calls.load(Ordering::Acquire) == 0 {
+                        // No decision runs: sleep until one starts (or the engine is gone).
+                        drop(engine);
+                        std::thread::park_timeout(Duration::from_secs(1));
+                        continue;
+                    }
                     engine.increment_epoch();
                     drop(engine);
                     std::thread::sleep(EPOCH_TICK);
                 }
             })
             .context("starting the epoch ticker")?;
+        let ticker = Ticker {
+            running,
+            thread: thread.thread().clone(),
+        };
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::Error::from(e).context("linking WASI"))?;
@@ -407,6 +446,7 @@ impl PolicyHost {
         }
         let host = PolicyHost {
             engine,
+            ticker,
             linker,
             loaded: Mutex::new(HashMap::new()),
             flights: Mutex::new(HashMap::new()),
@@ -669,6 +709,7 @@ impl PolicyHost {
         deadline_ms: u64,
         decision: D,
     ) -> Result<D::Answer, Failure> {
+        let _ticking = self.ticker.tick();
         let deadline = Duration::from_millis(deadline_ms.max(1));
         let expires = Instant::now() + deadline;
         let config_key = config.map(serde_json::Value::to_string).unwrap_or_default();
