@@ -282,13 +282,7 @@ pub async fn list(
     after: Option<&str>,
     limit: usize,
 ) -> Result<Vec<ApiKey>> {
-    caller.require_for(Permission::KeysManage, org_id, format_args!("org {org_id}"))?;
-    if crate::iam::orgs::find(app.store.pool(), org_id)
-        .await?
-        .is_none()
-    {
-        return Err(Error::not_found(format_args!("org {org_id}")));
-    }
+    crate::iam::orgs::require(app, caller, Permission::KeysManage, org_id).await?;
     let rows = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM api_keys WHERE org_id = $1 AND id > $2 ORDER BY id LIMIT $3"
     ))

@@ -93,6 +93,21 @@ pub async fn get(app: &App, caller: &Principal, org_id: &str) -> Result<Org> {
         .ok_or_else(|| Error::not_found(format_args!("org {org_id}")))
 }
 
+/// Checks that `caller` holds `permission` for `org_id` and that the org exists: `NOT_FOUND`
+/// either way, so a caller without the permission cannot tell.
+pub async fn require(
+    app: &App,
+    caller: &Principal,
+    permission: crate::iam::Permission,
+    org_id: &str,
+) -> Result<()> {
+    caller.require_for(permission, org_id, format_args!("org {org_id}"))?;
+    match find(app.store.pool(), org_id).await? {
+        Some(_) => Ok(()),
+        None => Err(Error::not_found(format_args!("org {org_id}"))),
+    }
+}
+
 /// The org with `id`, if any.
 pub async fn find(pool: &AnyPool, id: &str) -> Result<Option<Org>> {
     let row = sqlx::query("SELECT id, name, created_at FROM orgs WHERE id = $1")

@@ -305,17 +305,7 @@ pub async fn list(
     after: Option<&str>,
     limit: usize,
 ) -> Result<Vec<Node>> {
-    caller.require_for(
-        Permission::ProviderRead,
-        org_id,
-        format_args!("org {org_id}"),
-    )?;
-    if crate::iam::orgs::find(app.store.pool(), org_id)
-        .await?
-        .is_none()
-    {
-        return Err(Error::not_found(format_args!("org {org_id}")));
-    }
+    crate::iam::orgs::require(app, caller, Permission::ProviderRead, org_id).await?;
     let mut conn = app.store.pool().acquire().await?;
     let page = "SELECT id FROM nodes WHERE org_id = $1 AND id > $2 ORDER BY id LIMIT $3";
     let rows = sqlx::query(&format!(

@@ -314,17 +314,7 @@ pub async fn list_for_org(
     org_id: &str,
     status: Option<Status>,
 ) -> Result<Vec<NodeReservation>> {
-    caller.require_for(
-        Permission::ReservationRead,
-        org_id,
-        format_args!("org {org_id}"),
-    )?;
-    if crate::iam::orgs::find(app.store.pool(), org_id)
-        .await?
-        .is_none()
-    {
-        return Err(Error::not_found(format_args!("org {org_id}")));
-    }
+    crate::iam::orgs::require(app, caller, Permission::ReservationRead, org_id).await?;
     let mut conn = app.store.pool().acquire().await?;
     let now = app.now_ms();
     Ok(load(&mut conn, Filter::Audience(org_id), "")
@@ -348,17 +338,7 @@ pub async fn page_for_org(
     before: Option<&str>,
     limit: usize,
 ) -> Result<(Vec<NodeReservation>, Option<String>)> {
-    caller.require_for(
-        Permission::ReservationRead,
-        org_id,
-        format_args!("org {org_id}"),
-    )?;
-    if crate::iam::orgs::find(app.store.pool(), org_id)
-        .await?
-        .is_none()
-    {
-        return Err(Error::not_found(format_args!("org {org_id}")));
-    }
+    crate::iam::orgs::require(app, caller, Permission::ReservationRead, org_id).await?;
     let now = app.now_ms();
     // The status follows the clock: `status()` in SQL, with `$4` the instant.
     let open = "(ends_at IS NULL OR ends_at > $4)";
