@@ -398,7 +398,9 @@ pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()>
         ClientCommand::Compute(ComputeCommand::Reservations(command)) => {
             compute::run(&client, command).await?
         }
-        ClientCommand::Iam(command) => iam::run_iam(&client, command).await?,
+        ClientCommand::Iam(command) => {
+            iam::run_iam(&client, command, !conn.json && conn.field.is_none()).await?
+        }
         ClientCommand::Confirmations(command) => iam::run_confirmations(&client, command).await?,
         ClientCommand::Status => (client.get("/v1/status").await?, render::status),
         ClientCommand::Catalog { org, page } => (

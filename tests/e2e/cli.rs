@@ -69,6 +69,7 @@ on_both_databases!(
     setting_one_pool_policy_from_the_cli_keeps_the_others,
     the_cli_builds_a_request_from_its_flags_and_takes_a_pool_by_name,
     a_policy_printed_by_get_sets_back_unchanged,
+    policy_get_with_json_or_field_prints_the_answer_alone,
 );
 
 async fn the_cli_takes_a_url_without_a_scheme_and_says_when_no_server_answers(db: Db) {
@@ -1219,4 +1220,48 @@ async fn a_policy_printed_by_get_sets_back_unchanged(db: Db) {
     );
     let shown = orl(&server, admin, &words("iam policy get tenant-a")).await;
     assert_eq!(shown, original);
+}
+
+async fn policy_get_with_json_or_field_prints_the_answer_alone(db: Db) {
+    let server = Server::start(db).await;
+    let admin = &server.admin;
+    orl(&server, admin, &words("orgs create tenant-a --name Tenant")).await;
+    let quiet = |args: &'static str| {
+        let server = &server;
+        async move {
+            let output = run_orl(server, admin, &words(args)).await;
+            assert!(output.status.success(), "{args}: {output:?}");
+            assert!(
+                output.stderr.is_empty(),
+                "{args} writes nothing but its answer: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            String::from_utf8(output.stdout).unwrap()
+        }
+    };
+    let none: Value = serde_json::from_str(&quiet("--json iam policy get tenant-a").await).unwrap();
+    assert_eq!(none["policy"], "", "{none}");
+
+    let original = include_str!("../../examples/policy.cedar");
+    let file = server.data_dir.path().join("policy.cedar");
+    std::fs::write(&file, original).unwrap();
+    let file = file.to_str().unwrap();
+    orl(
+        &server,
+        admin,
+        &["iam", "policy", "set", "tenant-a", "--file", file],
+    )
+    .await;
+    let shown: Value =
+        serde_json::from_str(&quiet("--json iam policy get tenant-a").await).unwrap();
+    assert_eq!(shown["policy"], original, "{shown}");
+    assert!(shown["updatedAt"].is_string(), "{shown}");
+    let field = quiet("--field policy iam policy get tenant-a").await;
+    assert_eq!(field.trim_end(), original.trim_end());
+    // The table view still says when it was set, on stderr.
+    let output = run_orl(&server, admin, &words("iam policy get tenant-a")).await;
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("tenant-a's policy, set"),
+        "{output:?}"
+    );
 }

@@ -28,7 +28,8 @@ pub enum PolicyCommand {
         file: PathBuf,
     },
     /// Print the org's policy exactly as it was set (nothing when it has none), ready to
-    /// edit and set again; when it was set goes to stderr.
+    /// edit and set again; when it was set goes to stderr (not with `--json` or `--field`,
+    /// which print the answer alone).
     Get {
         /// The org whose policy it is.
         org: String,
@@ -49,7 +50,13 @@ pub enum ConfirmationsCommand {
     Deny { org: String, id: String },
 }
 
-pub(super) async fn run_iam(client: &Client, command: IamCommand) -> anyhow::Result<Shown> {
+/// Runs an `orl iam` command; `note` says whether a human reads the output, who is then
+/// told on stderr when the policy was set.
+pub(super) async fn run_iam(
+    client: &Client,
+    command: IamCommand,
+    note: bool,
+) -> anyhow::Result<Shown> {
     let path = |org: &str| format!("/v1/orgs/{org}/iam/policy");
     Ok(match command {
         IamCommand::Policy(PolicyCommand::Set { org, file }) => {
@@ -58,8 +65,9 @@ pub(super) async fn run_iam(client: &Client, command: IamCommand) -> anyhow::Res
         }
         IamCommand::Policy(PolicyCommand::Get { org }) => {
             let policy = client.get(&path(&org)).await?;
+            // On stderr, so that what stdout prints can be set again as it is.
             match policy["updatedAt"].as_str() {
-                // On stderr, so that what stdout prints can be set again as it is.
+                _ if !note => {}
                 Some(at) => eprintln!("orl: {org}'s policy, set {at}"),
                 None => eprintln!("orl: {org} has no policy: holding a permission allows"),
             }
