@@ -588,7 +588,18 @@ async fn the_cli_uploads_lists_gets_and_deletes_a_plugin(db: Db) {
     let stderr = orl_fails(&server, admin, &["plugins", "get", &id]).await;
     assert!(stderr.contains("404 NOT_FOUND"), "{stderr}");
     let listed = orl_json(&server, admin, &["plugins", "list"]).await;
-    assert_eq!(listed, json!([]));
+    let items = listed["items"].as_array().unwrap();
+    assert!(
+        items.len() == 3 && items.iter().all(|p| p["builtIn"] == true),
+        "the built-ins alone: {listed}"
+    );
+    let table = orl(&server, admin, &["plugins", "list"]).await;
+    assert!(
+        table.contains("built in") && table.contains("placer-default") && table.contains("yes"),
+        "{table}"
+    );
+    let page = orl(&server, admin, &words("plugins list --limit 2")).await;
+    assert!(page.contains("more: --cursor sha256:"), "{page}");
 
     // A file that is not a component is refused by the server, saying why.
     let junk = server.data_dir.path().join("junk.wasm");

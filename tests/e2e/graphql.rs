@@ -316,8 +316,25 @@ async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
         .collect();
     assert_eq!(reserved.len(), 2);
 
-    let plugins = data(&w.server.admin(), "{ plugins { id assignedTo decisionCount failureCount decisions { world outcome count } } }", json!({})).await;
-    assert_eq!(plugins["plugins"], json!([]));
+    let plugins = data(&w.server.admin(), "{ plugins { id name builtIn createdAt assignedTo decisionCount failureCount decisions { world outcome count } } }", json!({})).await;
+    let (_, rest_plugins) = w.server.admin().get("/v1/plugins").await;
+    let plugins = plugins["plugins"].as_array().unwrap();
+    assert_eq!(plugins.len(), 3, "the built-ins: {plugins:?}");
+    for (plugin, listed) in plugins
+        .iter()
+        .zip(rest_plugins["items"].as_array().unwrap())
+    {
+        assert_eq!(plugin["id"], listed["id"], "by id, as REST lists them");
+        assert_eq!(
+            (
+                &plugin["builtIn"],
+                &plugin["createdAt"],
+                &plugin["assignedTo"]
+            ),
+            (&json!(true), &Value::Null, &json!([])),
+            "{plugin}"
+        );
+    }
     assert_eq!(
         error_code(&w.tenant, "{ plugins { id } }", json!({})).await,
         "NOT_FOUND"

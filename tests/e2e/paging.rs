@@ -238,6 +238,7 @@ async fn a_bad_limit_or_cursor_is_refused_naming_the_field(db: Db) {
         format!("/v1/pools/{pool}/offers"),
         "/v1/orgs/acme/api-keys".to_string(),
         "/v1/orgs/acme/confirmations".to_string(),
+        "/v1/plugins".to_string(),
     ] {
         for (query, field) in [
             ("limit=0", "limit"),

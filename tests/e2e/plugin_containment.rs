@@ -291,7 +291,7 @@ async fn foreign_packages_versions_and_imports_are_refused_at_upload_before_comp
     }
     assert_eq!(compiles(&w).await, compiled, "nothing refused was compiled");
     let (_, listed) = w.server.admin().get("/v1/plugins").await;
-    let names: Vec<&str> = listed
+    let names: Vec<&str> = listed["items"]
         .as_array()
         .unwrap()
         .iter()

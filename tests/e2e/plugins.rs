@@ -110,7 +110,27 @@ on_both_databases!(
     plugins_cannot_reach_files_environment_or_network_but_read_their_config,
     a_pool_may_fall_back_to_the_default_when_its_plugin_fails,
     swapping_a_pools_placer_under_load_never_fails_or_double_books,
+    built_in_plugins_are_listed_and_read_but_never_deleted_or_uploaded,
+    plugins_page_by_id_with_the_built_ins_among_them,
+    a_pools_policies_show_the_plugin_that_decides_each_policy,
 );
+
+/// The built-in policies, by name.
+const BUILT_IN_NAMES: [&str; 3] = ["placer-default", "preemptor-default", "spend-guard-default"];
+
+/// The names of the built-ins in a page of `GET /v1/plugins`, sorted; every other item must
+/// be an uploaded plugin.
+fn built_in_names(page: &Value) -> Vec<String> {
+    let mut names: Vec<String> = page["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not a page: {page}"))
+        .iter()
+        .filter(|p| p["builtIn"] == true)
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
 
 async fn an_uploaded_placer_changes_where_reservations_go(db: Db) {
     let w = world(db).await;
@@ -130,7 +150,10 @@ async fn an_uploaded_placer_changes_where_reservations_go(db: Db) {
         "the decision records the plugin that made it"
     );
     let (_, listed) = w.server.admin().get("/v1/plugins").await;
-    assert_eq!(listed[0]["assignedTo"], json!([w.pool]));
+    let listed = listed["items"].as_array().unwrap();
+    let stored = listed.iter().find(|p| p["id"] == spread["id"]).unwrap();
+    assert_eq!(stored["assignedTo"], json!([w.pool]));
+    assert_eq!(stored["builtIn"], false);
     let again = w.upload("orl_placer_spread.wasm").await;
     assert_eq!(
         again["id"], spread["id"],
@@ -190,10 +213,11 @@ async fn uploads_that_are_not_plugins_are_refused_and_plugins_in_use_stay(db: Db
         )
         .await;
     assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (_, listed) = admin.get("/v1/plugins").await;
     assert_eq!(
-        admin.get("/v1/plugins").await.1,
-        json!([]),
-        "nothing stored"
+        built_in_names(&listed),
+        BUILT_IN_NAMES,
+        "nothing stored: the built-ins alone"
     );
 
     let trap = w.upload("trap.wasm").await;
@@ -413,4 +437,254 @@ async fn swapping_a_pools_placer_under_load_never_fails_or_double_books(db: Db) 
         );
     }
     // No unit booked twice: the invariants checked when the server stops.
+}
+
+async fn built_in_plugins_are_listed_and_read_but_never_deleted_or_uploaded(db: Db) {
+    let w = world(db).await;
+    let admin = w.server.admin();
+    let (status, listed) = admin.get("/v1/plugins").await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 3, "{listed}");
+    assert!(listed.get("cursor").is_none(), "{listed}");
+    assert_eq!(built_in_names(&listed), BUILT_IN_NAMES);
+    for (name, world) in BUILT_IN_NAMES
+        .iter()
+        .zip(["placer", "preemptor", "spend-guard"])
+    {
+        let plugin = items.iter().find(|p| p["name"] == *name).unwrap();
+        assert_eq!(plugin["world"], world, "{plugin}");
+        assert!(
+            plugin["id"].as_str().unwrap().starts_with("sha256:"),
+            "{plugin}"
+        );
+        assert!(plugin["size"].as_i64().unwrap() > 0, "{plugin}");
+        assert!(
+            plugin.get("createdAt").is_none(),
+            "never uploaded: {plugin}"
+        );
+        assert_eq!(plugin["assignedTo"], json!([]), "{plugin}");
+    }
+
+    // The id a placement records when the built-in decided answers that plugin.
+    let (status, placed) = w.create(&w.pool, "built-in-1", 1).await;
+    assert_eq!(status, StatusCode::OK, "{placed}");
+    let placed_by = placed["placement"]["placedBy"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/plugins/{}", placed_by.replace(':', "%3A"));
+    let (status, plugin) = admin.get(&path).await;
+    assert_eq!(status, StatusCode::OK, "{plugin}");
+    assert_eq!(
+        (&plugin["name"], &plugin["builtIn"], &plugin["world"]),
+        (&json!("placer-default"), &json!(true), &json!("placer")),
+        "{plugin}"
+    );
+    // A key that may not read plugins is told none exists, built-in or not.
+    let (status, err) = w.tenant.get(&path).await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (status, err) = w.tenant.get("/v1/plugins").await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+
+    // A built-in cannot be deleted, and stays.
+    let (status, err) = admin.delete(&path).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "CONFLICT");
+    assert_eq!(
+        err["error"]["details"]["pluginId"],
+        json!(placed_by),
+        "{err}"
+    );
+    assert_eq!(err["error"]["details"]["builtIn"], true, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("built-in"),
+        "{err}"
+    );
+    assert_eq!(admin.get(&path).await.0, StatusCode::OK);
+
+    // Its bytes uploaded are the same conflict as any bytes already there, under any name.
+    let bytes = std::fs::read(env!("ORL_PLACER_DEFAULT_WASM")).unwrap();
+    for query in [
+        "name=mine&version=1.0.0",
+        "name=placer-default&version=1.0.0",
+    ] {
+        let (status, err) = admin
+            .raw(
+                Method::POST,
+                &format!("/v1/plugins?{query}"),
+                Some(bytes.clone()),
+                Some("application/wasm"),
+            )
+            .await;
+        assert_error(status, &err, StatusCode::CONFLICT, "CONFLICT");
+        assert_eq!(
+            err["error"]["details"]["pluginId"],
+            json!(placed_by),
+            "{err}"
+        );
+        assert_eq!(err["error"]["details"]["name"], "placer-default", "{err}");
+    }
+    let (_, listed) = admin.get("/v1/plugins").await;
+    assert_eq!(
+        listed["items"].as_array().unwrap().len(),
+        3,
+        "nothing stored: {listed}"
+    );
+
+    // A built-in is run by assigning nothing; naming it is refused, saying so.
+    let (status, err) = admin
+        .put(
+            &format!("/v1/pools/{}/policies", w.pool),
+            json!({ "placement": placed_by }),
+        )
+        .await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("placer-default"),
+        "{err}"
+    );
+}
+
+async fn plugins_page_by_id_with_the_built_ins_among_them(db: Db) {
+    let w = world(db).await;
+    let admin = w.server.admin();
+    let mut uploaded = Vec::new();
+    for file in ["orl_placer_spread.wasm", "trap.wasm", "preempt_oldest.wasm"] {
+        uploaded.push(w.upload(file).await["id"].as_str().unwrap().to_string());
+    }
+    let (_, whole) = admin.get("/v1/plugins?limit=200").await;
+    let all: Vec<String> = whole["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(all.len(), 6, "three built-in, three uploaded: {whole}");
+    let mut sorted = all.clone();
+    sorted.sort();
+    assert_eq!(all, sorted, "by id");
+    for id in &uploaded {
+        let plugin = whole["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == json!(id))
+            .unwrap();
+        assert_eq!(plugin["builtIn"], false, "{plugin}");
+        assert!(plugin["createdAt"].is_string(), "{plugin}");
+    }
+
+    let mut paged = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/plugins?limit=4&cursor={}", c.replace(':', "%3A")),
+            None => "/v1/plugins?limit=4".to_string(),
+        };
+        let (status, page) = admin.get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let items = page["items"].as_array().unwrap();
+        assert!(items.len() <= 4, "{page}");
+        paged.extend(items.iter().map(|p| p["id"].as_str().unwrap().to_string()));
+        match page["cursor"].as_str() {
+            Some(next) => {
+                assert_eq!(Some(&json!(next)), items.last().map(|p| &p["id"]));
+                cursor = Some(next.to_string());
+            }
+            None => break,
+        }
+    }
+    assert_eq!(paged, all, "the pages hold every plugin once, in order");
+    let (_, exact) = admin.get("/v1/plugins?limit=6").await;
+    assert!(
+        exact.get("cursor").is_none(),
+        "an exactly full last page has no cursor: {exact}"
+    );
+    for bad in [
+        "/v1/plugins?limit=0",
+        "/v1/plugins?limit=201",
+        "/v1/plugins?cursor=a%20b",
+    ] {
+        let (status, err) = admin.get(bad).await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    }
+    let (_, doc) = w.server.anonymous().get("/openapi.json").await;
+    let list = &doc["paths"]["/v1/plugins"]["get"];
+    let params: Vec<&str> = list["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(params, ["limit", "cursor"], "{list}");
+    let plugin = &doc["components"]["schemas"]["Plugin"];
+    assert!(plugin["properties"].get("builtIn").is_some(), "{plugin}");
+}
+
+async fn a_pools_policies_show_the_plugin_that_decides_each_policy(db: Db) {
+    let w = world(db).await;
+    let admin = w.server.admin();
+    let path = format!("/v1/pools/{}/policies", w.pool);
+    let (_, listed) = admin.get("/v1/plugins").await;
+    let id_of = |name: &str| {
+        listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["id"]
+            .clone()
+    };
+    let (status, policies) = w.tenant.get(&path).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a tenant offered the pool sees it: {policies}"
+    );
+    for (field, name, world) in [
+        ("placement", "placer-default", "placer"),
+        ("preemption", "preemptor-default", "preemptor"),
+        ("spendLimit", "spend-guard-default", "spend-guard"),
+    ] {
+        assert_eq!(
+            policies["effective"][field],
+            json!({ "pluginId": id_of(name), "name": name, "world": world, "builtIn": true }),
+            "{policies}"
+        );
+    }
+
+    let spread = w.upload("orl_placer_spread.wasm").await;
+    let (status, answer) = admin.put(&path, json!({ "placement": spread["id"] })).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["effective"]["placement"]["pluginId"], spread["id"]);
+    let (_, policies) = admin.get(&path).await;
+    assert_eq!(
+        policies["effective"]["placement"],
+        json!({ "pluginId": spread["id"], "name": "orl-placer-spread", "world": "placer", "builtIn": false }),
+        "{policies}"
+    );
+    assert_eq!(
+        policies["effective"]["preemption"]["builtIn"], true,
+        "{policies}"
+    );
+    // An answer sent back as it is changes nothing: `effective` is only read.
+    let (status, again) = admin.put(&path, policies.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["placement"], spread["id"]);
+    assert_eq!(again["effective"], policies["effective"]);
+    // The placement records the plugin `effective` named.
+    let (_, placed) = w.create(&w.pool, "effective-1", 1).await;
+    assert_eq!(placed["placement"]["placedBy"], spread["id"], "{placed}");
+    let (status, back) = admin.put(&path, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{back}");
+    assert_eq!(
+        back["effective"]["placement"]["pluginId"],
+        id_of("placer-default")
+    );
 }

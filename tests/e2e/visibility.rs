@@ -436,12 +436,22 @@ async fn plugins_name_only_the_pools_the_caller_sees(db: Db) {
         async move {
             let (status, list) = api.get("/v1/plugins").await;
             assert_eq!(status, StatusCode::OK, "{list}");
+            let uploaded = |items: &Value| {
+                let items = items.as_array().unwrap();
+                let found: Vec<&Value> = items.iter().filter(|p| p["builtIn"] == false).collect();
+                assert_eq!(found.len(), 1, "{items:?}");
+                found[0].clone()
+            };
+            let listed = uploaded(&list["items"]);
             let (status, single) = api.get(&one).await;
             assert_eq!(status, StatusCode::OK, "{single}");
-            assert_eq!(single["assignedTo"], list[0]["assignedTo"]);
-            let graphql = graphql(&api, "{ plugins { assignedTo } }").await;
-            assert_eq!(graphql["plugins"][0]["assignedTo"], list[0]["assignedTo"]);
-            list[0]["assignedTo"].clone()
+            assert_eq!(single["assignedTo"], listed["assignedTo"]);
+            let graphql = graphql(&api, "{ plugins { builtIn assignedTo } }").await;
+            assert_eq!(
+                uploaded(&graphql["plugins"])["assignedTo"],
+                listed["assignedTo"]
+            );
+            listed["assignedTo"].clone()
         }
     };
     let mut both = vec![acme_pool.clone(), bcme_pool.clone()];

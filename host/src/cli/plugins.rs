@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use serde_json::{Map, Value, json};
 
-use super::{Client, Shown, read_json, render};
+use super::{Client, Paging, Shown, read_json, render};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginsCommand {
@@ -25,8 +25,12 @@ pub enum PluginsCommand {
         #[arg(long, default_value = "unversioned")]
         version: String,
     },
-    /// Every stored plugin, with the pools it is assigned to (of those the caller sees).
-    List,
+    /// The built-in and uploaded plugins by id, a page at a time, with the pools each is
+    /// assigned to (of those the caller sees).
+    List {
+        #[command(flatten)]
+        page: Paging,
+    },
     /// One plugin.
     Get {
         /// The plugin's id, `sha256:<hex>`.
@@ -139,7 +143,10 @@ pub(super) async fn run_plugins(client: &Client, command: PluginsCommand) -> any
             spinner.finish_and_clear();
             (stored?, render::plugin)
         }
-        PluginsCommand::List => (client.get("/v1/plugins").await?, render::plugins),
+        PluginsCommand::List { page } => (
+            client.get(&page.on("/v1/plugins".to_string())).await?,
+            render::plugins,
+        ),
         PluginsCommand::Get { id } => (
             client.get(&format!("/v1/plugins/{id}")).await?,
             render::plugin,
@@ -191,6 +198,7 @@ pub(super) async fn run_policies(
                 bail!("the server answered policies that are not an object: {current}");
             };
             policies.remove("updatedAt");
+            policies.remove("effective");
             set_plugin(&mut policies, "placement", placement);
             set_plugin(&mut policies, "preemption", preemption);
             set_plugin(&mut policies, "spendLimit", spend_guard);

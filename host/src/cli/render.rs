@@ -609,11 +609,12 @@ pub fn events(value: &Value) -> String {
     )
 }
 
-const PLUGIN_HEADER: [&str; 7] = [
+const PLUGIN_HEADER: [&str; 8] = [
     "id",
     "name",
     "version",
     "world",
+    "built in",
     "bytes",
     "created",
     "assigned to",
@@ -625,31 +626,45 @@ fn plugin_row(p: &Value) -> Vec<String> {
         "name",
         "version",
         "world",
+        "builtIn",
         "size",
         "createdAt",
         "assignedTo",
     ]
     .iter()
-    .map(|f| cell(&p[*f]))
+    .map(|f| match (*f, &p[*f]) {
+        ("builtIn", Value::Bool(true)) => "yes".to_string(),
+        ("builtIn", _) => "no".to_string(),
+        (_, value) => cell(value),
+    })
     .collect()
 }
 
 pub fn plugins(value: &Value) -> String {
-    table(
-        &PLUGIN_HEADER,
-        value.as_array().into_iter().flatten().map(plugin_row),
-    )
+    let rows = value["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(plugin_row);
+    more(table(&PLUGIN_HEADER, rows), value, "--cursor")
 }
 
 pub fn plugin(value: &Value) -> String {
     table(&PLUGIN_HEADER, [plugin_row(value)])
 }
 
-/// A pool's policies, one row per setting; what is not set shows the built-in default.
+/// A pool's policies, one row per setting: each policy's plugin, the one assigned or the
+/// built-in default that decides when none is.
 pub fn policies(value: &Value) -> String {
-    let plugin = |field: &str| match value.get(field) {
-        Some(id) => cell(id),
-        None => "default (built in)".to_string(),
+    let plugin = |field: &str| {
+        let decider = &value["effective"][field];
+        let name = cell(&decider["name"]);
+        match value.get(field) {
+            Some(id) if name.is_empty() => cell(id),
+            Some(id) => format!("{name} {}", cell(id)),
+            None if name.is_empty() => "default (built in)".to_string(),
+            None => format!("default (built in): {name}"),
+        }
     };
     let rows = vec![
         vec!["placement".to_string(), plugin("placement")],

@@ -309,10 +309,10 @@ impl Query {
         Ok(earnings::get(app(ctx), caller(ctx)?, &org_id).await?.into())
     }
 
-    /// Every stored plugin, with the pools it is assigned to (those the caller sees) and its
-    /// decision counts.
+    /// Every plugin, built-in and uploaded, by id, with the pools it is assigned to (those
+    /// the caller sees) and its decision counts.
     async fn plugins(&self, ctx: &Context<'_>) -> Result<Vec<Plugin>> {
-        let plugins = registry::list(app(ctx), caller(ctx)?).await?;
+        let plugins = registry::every(app(ctx), caller(ctx)?).await?;
         Ok(plugins.into_iter().map(Plugin::from).collect())
     }
 

@@ -54,6 +54,86 @@ pub struct PoolPolicies {
     pub on_policy_failure: OnPolicyFailure,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<String>,
+    /// In an answer: which plugin decides each policy now, the one assigned or the
+    /// built-in. Ignored in a request, so an answer can be sent back as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective: Option<Effective>,
+}
+
+/// Per policy, the plugin that decides it in a pool.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Effective {
+    pub placement: Decider,
+    pub preemption: Decider,
+    pub spend_limit: Decider,
+}
+
+/// The plugin that decides one policy: the one the pool assigns, or the built-in default
+/// of its world when it assigns none. (With `onPolicyFailure: fallback` the built-in also
+/// decides a decision the assigned plugin failed.)
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Decider {
+    /// `sha256:<hex>` of the component.
+    pub plugin_id: String,
+    pub name: String,
+    pub world: World,
+    pub built_in: bool,
+}
+
+impl Effective {
+    /// The deciders with the name of the policy each decides (`placement`, `preemption`,
+    /// `spend-limit`).
+    pub fn by_kind(&self) -> [(&'static str, &Decider); 3] {
+        [
+            ("placement", &self.placement),
+            ("preemption", &self.preemption),
+            ("spend-limit", &self.spend_limit),
+        ]
+    }
+}
+
+/// The plugin that decides `world` where the pool assigns `assigned`.
+async fn decider(
+    app: &App,
+    conn: &mut AnyConnection,
+    world: World,
+    assigned: Option<&str>,
+) -> Result<Decider> {
+    let plugin = match assigned {
+        None => registry::built_in_for(app, world)?,
+        Some(id) => registry::find(conn, id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("assigned plugin {id} is missing"))?,
+    };
+    Ok(Decider {
+        plugin_id: plugin.id,
+        name: plugin.name,
+        world,
+        built_in: plugin.built_in,
+    })
+}
+
+/// `policies` with the plugin that decides each policy filled in.
+async fn with_effective(
+    app: &App,
+    conn: &mut AnyConnection,
+    mut policies: PoolPolicies,
+) -> Result<PoolPolicies> {
+    let effective = Effective {
+        placement: decider(app, conn, World::Placer, policies.placement.as_deref()).await?,
+        preemption: decider(app, conn, World::Preemptor, policies.preemption.as_deref()).await?,
+        spend_limit: decider(
+            app,
+            conn,
+            World::SpendGuard,
+            policies.spend_limit.as_deref(),
+        )
+        .await?,
+    };
+    policies.effective = Some(effective);
+    Ok(policies)
 }
 
 /// The pool's policies (defaults when none were assigned).
@@ -81,6 +161,7 @@ pub async fn find(conn: &mut AnyConnection, pool_id: &str) -> Result<PoolPolicie
                 OnPolicyFailure::Fail
             },
             updated_at: Some(format_ms(r.get("updated_at"))),
+            effective: None,
         },
     })
 }
@@ -149,6 +230,7 @@ impl PoolPoliciesPatch {
             current.on_policy_failure = on_failure;
         }
         current.updated_at = None;
+        current.effective = None;
         current
     }
 }
@@ -196,7 +278,10 @@ async fn assign(
     .bind(pool_id)
     .fetch_optional(&mut **tx)
     .await?;
-    let body = change(find(&mut tx, pool_id).await?);
+    let body = PoolPolicies {
+        effective: None,
+        ..change(find(&mut tx, pool_id).await?)
+    };
     if let Some(deadline) = body.deadline_ms {
         crate::validation::range("deadlineMs", deadline, 1, 10_000)?;
     }
@@ -213,6 +298,12 @@ async fn assign(
         ("spendLimit", &body.spend_limit, World::SpendGuard),
     ] {
         let Some(id) = id else { continue };
+        if let Some(name) = registry::built_in_name(id) {
+            return Err(Error::invalid(
+                field,
+                format!("plugin {id} is the built-in {name}; leave {field} out to run it"),
+            ));
+        }
         match registry::find(&mut tx, id).await? {
             None => return Err(Error::invalid(field, format!("unknown plugin {id}"))),
             Some(plugin) if plugin.world != world => {
@@ -256,15 +347,18 @@ async fn assign(
     };
     audit::record(&mut tx, caller, entry, now).await?;
     let stored = find(&mut tx, pool_id).await?;
+    let stored = with_effective(app, &mut tx, stored).await?;
     tx.commit().await?;
     Ok(stored)
 }
 
-/// The pool's policies, for those who manage or see the pool.
+/// The pool's policies with the plugin that decides each, for those who manage or see the
+/// pool.
 pub async fn get(app: &App, caller: &Principal, pool_id: &str) -> Result<PoolPolicies> {
     crate::pools::store::get(app, caller, pool_id).await?;
     let mut conn = app.store.pool().acquire().await?;
-    find(&mut conn, pool_id).await
+    let policies = find(&mut conn, pool_id).await?;
+    with_effective(app, &mut conn, policies).await
 }
 
 /// A pool's plugin of one world, as resolved when a decision starts.

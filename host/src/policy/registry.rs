@@ -1,15 +1,17 @@
 //! The plugin registry: components uploaded by operators, stored by content hash in the
 //! database (so every replica can load them), validated against the worlds before they are
-//! accepted.
+//! accepted; and the built-in policies shipped inside the binary, which are listed and read
+//! like stored plugins but are never stored, uploaded or deleted.
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 
 use serde::Serialize;
 use serde_json::json;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row as _};
 
-use super::World;
+use super::{BUILT_INS, World, content_id};
 use crate::App;
 use crate::audit::{self, Entry};
 use crate::clock::format_ms;
@@ -30,10 +32,80 @@ pub struct Plugin {
     pub version: String,
     pub world: World,
     pub size: i64,
-    pub created_at: String,
+    /// When it was uploaded; absent for a built-in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    /// Shipped inside the binary: the default of its world, which decides wherever a pool
+    /// assigns no plugin of that world. Never stored, uploaded or deleted.
+    pub built_in: bool,
     /// Pools whose policies name it, among those the caller sees (all of them for
-    /// platform operators).
+    /// platform operators). A built-in is never named: pools run it by assigning none.
     pub assigned_to: Vec<String>,
+}
+
+/// A built-in policy: its name, id and size, hashed once per process.
+struct BuiltIn {
+    name: &'static str,
+    id: String,
+    size: i64,
+}
+
+fn built_in_ids() -> &'static [BuiltIn] {
+    static IDS: LazyLock<Vec<BuiltIn>> = LazyLock::new(|| {
+        BUILT_INS
+            .iter()
+            .map(|(name, bytes)| BuiltIn {
+                name,
+                id: content_id(bytes),
+                size: bytes.len() as i64,
+            })
+            .collect()
+    });
+    &IDS
+}
+
+/// The name of the built-in policy `id`, if it is one.
+pub fn built_in_name(id: &str) -> Option<&'static str> {
+    built_in_ids().iter().find(|b| b.id == id).map(|b| b.name)
+}
+
+/// The built-in policies as plugins, by id.
+fn built_ins(app: &App) -> Result<Vec<Plugin>> {
+    let mut plugins = built_in_ids()
+        .iter()
+        .map(|b| {
+            let world = app
+                .policy
+                .cached(&b.id)
+                .ok_or_else(|| anyhow::anyhow!("the built-in {} is not loaded", b.name))?
+                .world;
+            Ok(Plugin {
+                id: b.id.clone(),
+                name: b.name.to_string(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                world,
+                size: b.size,
+                created_at: None,
+                built_in: true,
+                assigned_to: Vec::new(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    plugins.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(plugins)
+}
+
+/// The built-in plugin `id`, if it is one.
+fn built_in(app: &App, id: &str) -> Result<Option<Plugin>> {
+    Ok(built_ins(app)?.into_iter().find(|p| p.id == id))
+}
+
+/// The built-in plugin of `world`: what a pool that assigns none of it runs.
+pub fn built_in_for(app: &App, world: World) -> Result<Plugin> {
+    built_ins(app)?
+        .into_iter()
+        .find(|p| p.world == world)
+        .ok_or_else(|| anyhow::anyhow!("no built-in {} policy", world.as_str()).into())
 }
 
 fn may_read(caller: &Principal) -> bool {
@@ -63,7 +135,10 @@ pub async fn upload(
             "send the component's bytes as the request body",
         ));
     }
-    let id = super::content_id(&bytes);
+    let id = content_id(&bytes);
+    if let Some(built_in) = built_in(app, &id)? {
+        return Err(already_there(&built_in));
+    }
     if let Some(existing) = find(&mut *app.store.pool().acquire().await?, &id).await? {
         return same_plugin(existing, name, version).map(|p| (p, false));
     }
@@ -125,15 +200,27 @@ fn same_plugin(existing: Plugin, name: &str, version: &str) -> Result<Plugin> {
     if existing.name == name && existing.version == version {
         return Ok(existing);
     }
-    Err(Error::conflict(
+    Err(already_there(&existing))
+}
+
+/// The `CONFLICT` of an upload whose bytes are `existing` already: one component is one
+/// plugin, and a built-in is one already.
+fn already_there(existing: &Plugin) -> Error {
+    let there = if existing.built_in {
+        "built into orl as plugin"
+    } else {
+        "already stored as plugin"
+    };
+    Error::conflict(
         format!(
-            "these bytes are already stored as plugin {} ({} {}); one component is one plugin",
+            "these bytes are {there} {} ({} {}); one component is one plugin",
             existing.id, existing.name, existing.version
         ),
-        Some(
-            json!({ "pluginId": existing.id, "name": existing.name, "version": existing.version }),
-        ),
-    ))
+        Some(json!({
+            "pluginId": existing.id, "name": existing.name, "version": existing.version,
+            "builtIn": existing.built_in,
+        })),
+    )
 }
 
 const COLUMNS: &str = "id, name, version, world, size, created_at";
@@ -153,7 +240,8 @@ async fn from_row(conn: &mut AnyConnection, r: &AnyRow) -> Result<Plugin> {
         name: r.get("name"),
         version: r.get("version"),
         size: r.get("size"),
-        created_at: format_ms(r.get("created_at")),
+        created_at: Some(format_ms(r.get("created_at"))),
+        built_in: false,
         assigned_to,
     })
 }
@@ -206,27 +294,54 @@ fn as_seen(mut plugin: Plugin, visible: Option<&HashSet<String>>) -> Plugin {
     plugin
 }
 
-/// Every stored plugin, each naming the pools it is assigned to that the caller sees.
-pub async fn list(app: &App, caller: &Principal) -> Result<Vec<Plugin>> {
+/// The built-in and stored plugins by id, at most `limit` of those after the plugin
+/// `after`, each naming the pools it is assigned to that the caller sees. Stored plugins
+/// are read a page at a time; the few built-ins are merged into it.
+pub async fn list(
+    app: &App,
+    caller: &Principal,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Plugin>> {
     if !may_read(caller) {
         return Err(Error::NotFound("plugins not found".into()));
     }
+    let after = after.unwrap_or("");
     let mut conn = app.store.pool().acquire().await?;
     let visible = visible_pools(&mut conn, caller).await?;
+    // Read as many more as there are built-ins: a component stored before it became a
+    // built-in is listed once, as the built-in.
     let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM plugins ORDER BY created_at, id"
+        "SELECT {COLUMNS} FROM plugins WHERE id > $1 ORDER BY id LIMIT $2"
     ))
+    .bind(after)
+    .bind(limit.saturating_add(BUILT_INS.len()).min(i64::MAX as usize) as i64)
     .fetch_all(&mut *conn)
     .await?;
-    let mut plugins = Vec::with_capacity(rows.len());
+    let mut plugins: Vec<Plugin> = built_ins(app)?
+        .into_iter()
+        .filter(|p| p.id.as_str() > after)
+        .collect();
     for row in &rows {
-        plugins.push(as_seen(from_row(&mut conn, row).await?, visible.as_ref()));
+        if built_in_name(&row.get::<String, _>("id")).is_none() {
+            plugins.push(as_seen(from_row(&mut conn, row).await?, visible.as_ref()));
+        }
     }
+    plugins.sort_by(|a, b| a.id.cmp(&b.id));
+    plugins.truncate(limit);
     Ok(plugins)
 }
 
-/// One stored plugin, naming the pools it is assigned to that the caller sees.
+/// Every plugin, built-in and stored, by id (GraphQL's `plugins`).
+pub async fn every(app: &App, caller: &Principal) -> Result<Vec<Plugin>> {
+    list(app, caller, None, i64::MAX as usize).await
+}
+
+/// One plugin, built-in or stored, naming the pools it is assigned to that the caller sees.
 pub async fn get(app: &App, caller: &Principal, id: &str) -> Result<Plugin> {
+    if let Some(built_in) = built_in(app, id)?.filter(|_| may_read(caller)) {
+        return Ok(built_in);
+    }
     let mut conn = app.store.pool().acquire().await?;
     match find(&mut conn, id).await? {
         Some(plugin) if may_read(caller) => {
@@ -237,9 +352,15 @@ pub async fn get(app: &App, caller: &Principal, id: &str) -> Result<Plugin> {
     }
 }
 
-/// Deletes a plugin; refused while any pool's policies name it.
+/// Deletes a plugin; refused while any pool's policies name it, and always for a built-in.
 pub async fn delete(app: &App, caller: &Principal, id: &str) -> Result<()> {
     caller.require_ops(Permission::PluginsManage, format_args!("plugin {id}"))?;
+    if let Some(name) = built_in_name(id) {
+        return Err(Error::conflict(
+            format!("plugin {id} is the built-in {name}, shipped inside orl; it cannot be deleted"),
+            Some(json!({ "pluginId": id, "name": name, "builtIn": true })),
+        ));
+    }
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
     let plugin = find(&mut tx, id)

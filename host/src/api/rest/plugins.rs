@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::{Page, PageQuery, page};
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::{Json, Path, Query, RawBody};
 use crate::iam::Principal;
@@ -58,13 +59,21 @@ async fn upload(
     ))
 }
 
-/// Every stored plugin, with the pools it is assigned to.
-#[utoipa::path(get, path = "/v1/plugins", tag = "plugins", responses((status = 200, body = Vec<Plugin>), (status = 404, body = ErrorEnvelope)))]
-async fn list_plugins(State(app): State<Arc<App>>, caller: Principal) -> Result<Json<Vec<Plugin>>> {
-    Ok(Json(registry::list(&app, &caller).await?))
+/// The built-in and uploaded plugins (`builtIn` tells them apart), with the pools each is
+/// assigned to; by id, one page at a time (the cursor is a plugin id).
+#[utoipa::path(get, path = "/v1/plugins", tag = "plugins", params(PageQuery),
+    responses((status = 200, body = Page<Plugin>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
+async fn list_plugins(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Page<Plugin>>> {
+    let (limit, after) = q.checked()?;
+    let plugins = registry::list(&app, &caller, after, limit + 1).await?;
+    Ok(Json(page(plugins, limit as i64, |p| p.id.clone())))
 }
 
-/// One plugin.
+/// One plugin, built-in or uploaded.
 #[utoipa::path(get, path = "/v1/plugins/{id}", tag = "plugins", params(("id" = String, Path)),
     responses((status = 200, body = Plugin), (status = 404, body = ErrorEnvelope)))]
 async fn get_plugin(
@@ -75,7 +84,7 @@ async fn get_plugin(
     Ok(Json(registry::get(&app, &caller, &id).await?))
 }
 
-/// Delete a plugin; refused while a pool uses it.
+/// Delete a plugin; refused (`409 CONFLICT`) while a pool uses it, and for a built-in.
 #[utoipa::path(delete, path = "/v1/plugins/{id}", tag = "plugins", params(("id" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)))]
 async fn delete_plugin(
@@ -116,7 +125,8 @@ async fn patch_policies(
     ))
 }
 
-/// The plugins a pool runs (absent: the built-in defaults).
+/// The plugins a pool assigns (absent: the built-in defaults), and in `effective` the
+/// plugin that decides each policy now.
 #[utoipa::path(get, path = "/v1/pools/{poolId}/policies", tag = "plugins", params(("poolId" = String, Path)),
     responses((status = 200, body = PoolPolicies), (status = 404, body = ErrorEnvelope)))]
 async fn get_policies(

@@ -8,7 +8,7 @@ use async_graphql::{ComplexObject, Context, Json, Result, SimpleObject};
 use super::{api_name, json};
 use crate::graphql::decisions::{self, DecisionCount};
 use crate::graphql::{app, caller};
-use crate::policy::{World, assignment, registry};
+use crate::policy::{assignment, registry};
 use crate::pools::store;
 
 /// A set of nodes offered together.
@@ -60,28 +60,24 @@ impl Pool {
     /// its decisions on this server since it started (across every pool it serves).
     async fn deciders(&self, ctx: &Context<'_>) -> Result<Vec<Decider>> {
         let app = app(ctx);
-        let assigned = assignment::get(app, caller(ctx)?, &self.id).await?;
+        let policies = assignment::get(app, caller(ctx)?, &self.id).await?;
+        let effective = policies
+            .effective
+            .ok_or_else(|| anyhow::anyhow!("policies without their deciders"))
+            .map_err(crate::Error::from)?;
         let mut counts = decisions::by_plugin(&app.metrics);
-        let kinds = [
-            ("placement", World::Placer, assigned.placement),
-            ("preemption", World::Preemptor, assigned.preemption),
-            ("spend-limit", World::SpendGuard, assigned.spend_limit),
-        ];
-        Ok(kinds
+        Ok(effective
+            .by_kind()
             .into_iter()
-            .map(|(kind, world, plugin)| {
-                let built_in = plugin.is_none();
-                let plugin_id = plugin
-                    .or_else(|| app.policy.default_for(world).map(|l| l.id.clone()))
-                    .unwrap_or_default();
-                let counted = counts.remove(&plugin_id).unwrap_or_default();
+            .map(|(kind, decider)| {
+                let counted = counts.remove(&decider.plugin_id).unwrap_or_default();
                 Decider {
                     kind: kind.to_string(),
-                    world: world.as_str().to_string(),
-                    built_in,
+                    world: decider.world.as_str().to_string(),
+                    built_in: decider.built_in,
                     decision_count: counted.iter().map(|d| d.count).sum(),
                     failure_count: counted.iter().filter(|d| d.failed()).map(|d| d.count).sum(),
-                    plugin_id,
+                    plugin_id: decider.plugin_id.clone(),
                 }
             })
             .collect())
@@ -196,7 +192,10 @@ pub struct Plugin {
     /// `placer`, `preemptor` or `spend-guard`.
     pub world: String,
     pub size: i64,
-    pub created_at: String,
+    /// When it was uploaded; null for a built-in.
+    pub created_at: Option<String>,
+    /// Shipped inside the binary: the default of its world, never stored or deleted.
+    pub built_in: bool,
     /// Pools whose policies name it.
     pub assigned_to: Vec<String>,
 }
@@ -210,6 +209,7 @@ impl From<registry::Plugin> for Plugin {
             version: p.version,
             size: p.size,
             created_at: p.created_at,
+            built_in: p.built_in,
             assigned_to: p.assigned_to,
         }
     }
