@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 
@@ -102,6 +103,20 @@ def log(message):
     print(time.strftime("%H:%M:%S"), message, flush=True)
 
 
+def pending(api, node):
+    """Every entry the node must act on now, a page at a time (`cursor` continues a page)."""
+    path = f"/v1/nodes/{node}/bindings"
+    while True:
+        status, page = api.call("GET", path)
+        if status != 200:
+            log(f"poll refused ({status}): {page}")
+            return
+        yield from page["items"]
+        if "cursor" not in page:
+            return
+        path = f"/v1/nodes/{node}/bindings?cursor={urllib.parse.quote(page['cursor'])}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("ORL_URL", "http://127.0.0.1:8080"))
@@ -117,12 +132,8 @@ def main():
     api = Api(args.url, args.key, timeout=30)
     while True:
         try:
-            status, entries = api.call("GET", f"/v1/nodes/{args.node}/bindings")
-            if status != 200:
-                log(f"poll refused ({status}): {entries}")
-            else:
-                for entry in entries:
-                    handle(api, args, entry)
+            for entry in pending(api, args.node):
+                handle(api, args, entry)
         except (urllib.error.URLError, OSError) as err:
             log(f"server unreachable: {err}")
         if args.once:

@@ -128,11 +128,12 @@ impl World {
             .map_or(0, |o| o["used"]["gpu"].as_i64().unwrap_or(0))
     }
 
-    /// The node agent polls: what `node` must bind or unbind now.
+    /// The node agent polls: what `node` must bind or unbind now (one page holds it all).
     async fn poll(&self, node: &str) -> Vec<Value> {
-        let (status, list) = self.agent.get(&format!("/v1/nodes/{node}/bindings")).await;
-        assert_eq!(status, StatusCode::OK, "{list}");
-        list.as_array().unwrap().clone()
+        let (status, page) = self.agent.get(&format!("/v1/nodes/{node}/bindings")).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(page.get("cursor").is_none(), "{page}");
+        page["items"].as_array().unwrap().clone()
     }
 
     /// The node agent reports on a reservation.
@@ -254,6 +255,7 @@ on_both_databases!(
     a_booking_made_in_advance_takes_held_devices_at_its_start,
     a_lost_node_fails_its_reservations_and_its_capacity_is_booked_elsewhere,
     held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports,
+    a_nodes_bindings_page_oldest_request_first,
 );
 
 async fn a_node_binding_goes_placed_binding_active_when_its_node_reports_bound(db: Db) {
@@ -747,4 +749,93 @@ async fn held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports(
     );
     assert_eq!(placed["placement"]["nodeId"], "n1");
     assert_eq!(w.used_gpus("tenant-a").await, 8);
+}
+
+async fn a_nodes_bindings_page_oldest_request_first(db: Db) {
+    let mut w = world(db, &["n1"], json!({ "kubernetes": true })).await;
+    w.start_agent("n1").await;
+    let one_gpu = |key: &str, start: i64| {
+        let mut ask = w.ask("acme", key, "kubernetes");
+        ask["devices"] = json!([{ "class": "gpu", "count": 1 }]);
+        ask["start"] = json!(start);
+        ask
+    };
+    // Made first, asked to bind last: its window starts later.
+    let late = w.create(one_gpu("late", T0 + 10 * MIN)).await;
+    let mut early = Vec::new();
+    for key in ["early-1", "early-2", "early-3"] {
+        early.push(w.create(one_gpu(key, T0 + 1000)).await);
+    }
+    w.advance(T0 + 2000).await;
+    w.advance(T0 + 10 * MIN).await;
+    let mut expected: Vec<String> = early
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    expected.sort();
+    expected.push(late["id"].as_str().unwrap().to_string());
+
+    let mut paged = Vec::new();
+    let mut path = "/v1/nodes/n1/bindings?limit=2".to_string();
+    let mut pages = 0;
+    loop {
+        let (status, page) = w.agent.get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        pages += 1;
+        let items = page["items"].as_array().unwrap();
+        assert!(items.len() <= 2, "{page}");
+        assert!(items.iter().all(|b| b["action"] == "bind"), "{page}");
+        paged.extend(
+            items
+                .iter()
+                .map(|b| b["reservationId"].as_str().unwrap().to_string()),
+        );
+        match page["cursor"].as_str() {
+            Some(cursor) => {
+                assert_eq!(items.last().unwrap()["reservationId"], cursor);
+                path = format!("/v1/nodes/n1/bindings?limit=2&cursor={cursor}");
+            }
+            None => break,
+        }
+    }
+    assert_eq!(pages, 2, "two full pages, the last without a cursor");
+    assert_eq!(paged, expected, "oldest request first, then by id");
+
+    // What the node has answered leaves the list; the cursor of a page still continues it.
+    let (status, first) = w.agent.get("/v1/nodes/n1/bindings?limit=1").await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let cursor = first["cursor"].as_str().unwrap().to_string();
+    let oldest = early.iter().find(|r| r["id"] == expected[0]).unwrap();
+    let (status, bound) = w.report("n1", oldest, json!({ "status": "bound" })).await;
+    assert_eq!(status, StatusCode::OK, "{bound}");
+    let (_, rest) = w
+        .agent
+        .get(&format!("/v1/nodes/n1/bindings?cursor={cursor}"))
+        .await;
+    let rest: Vec<&str> = rest["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["reservationId"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        rest,
+        expected[1..].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    let (_, all) = w.agent.get("/v1/nodes/n1/bindings").await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 3, "{all}");
+
+    for bad in ["limit=0", "limit=201", "cursor=not%20an%20id", "page=2"] {
+        let (status, err) = w.agent.get(&format!("/v1/nodes/n1/bindings?{bad}")).await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    }
+    let (_, doc) = w.server.anonymous().get("/openapi.json").await;
+    let list = &doc["paths"]["/v1/nodes/{nodeId}/bindings"]["get"];
+    let params: Vec<&str> = list["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(params, ["nodeId", "limit", "cursor"], "{list}");
 }

@@ -490,22 +490,30 @@ pub async fn view_of(conn: &mut AnyConnection, r: &Reservation) -> Result<Option
     }
 }
 
-/// `GET /v1/nodes/{nodeId}/bindings`: what the node must bind or unbind now, oldest first.
+/// `GET /v1/nodes/{nodeId}/bindings`: what the node must bind or unbind now, oldest request
+/// first; at most `limit` of those after the reservation `after`, read as one page.
 pub async fn pending_for_node(
     app: &App,
     caller: &Principal,
     node_id: &str,
+    after: Option<&str>,
+    limit: usize,
 ) -> Result<Vec<BindingView>> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
     node_as_agent(&mut tx, caller, node_id, now).await?;
+    // The cursor is a reservation id; the page goes on from where its request stands.
     let rows = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM reservation_bindings WHERE node_id = $1 AND status IN ($2, $3)
-         ORDER BY requested_at, reservation_id"
+         AND ($4 = '' OR (requested_at, reservation_id) >
+              (SELECT requested_at, reservation_id FROM reservation_bindings WHERE reservation_id = $4))
+         ORDER BY requested_at, reservation_id LIMIT $5"
     ))
     .bind(node_id)
     .bind(BindingStatus::Binding.as_str())
     .bind(BindingStatus::Unbinding.as_str())
+    .bind(after.unwrap_or(""))
+    .bind(limit.min(i64::MAX as usize) as i64)
     .fetch_all(&mut **tx)
     .await?
     .iter()

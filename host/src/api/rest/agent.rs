@@ -5,8 +5,9 @@ use std::sync::Arc;
 use axum::extract::State;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::{Page, PageQuery, page};
 use crate::api::error::ErrorEnvelope;
-use crate::api::extract::{Json, Path};
+use crate::api::extract::{Json, Path, Query};
 use crate::booking::binding::{self, BindingView, Report};
 use crate::iam::Principal;
 use crate::{App, Result};
@@ -17,19 +18,23 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(report))
 }
 
-/// What the node must bind or unbind now (its agent polls this; `inventory.write` for the
-/// node's owner). Each call counts as the node reporting.
+/// What the node must bind or unbind now, oldest request first, one page at a time (the
+/// cursor is a reservation id; its agent polls this, `inventory.write` for the node's
+/// owner). Each call counts as the node reporting.
 #[utoipa::path(get, path = "/v1/nodes/{nodeId}/bindings", tag = "node-agent",
-    params(("nodeId" = String, Path)),
-    responses((status = 200, body = Vec<BindingView>), (status = 404, body = ErrorEnvelope)))]
+    params(("nodeId" = String, Path), PageQuery),
+    responses((status = 200, body = Page<BindingView>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
 async fn list_bindings(
     State(app): State<Arc<App>>,
     caller: Principal,
     Path(node_id): Path<String>,
-) -> Result<Json<Vec<BindingView>>> {
-    Ok(Json(
-        binding::pending_for_node(&app, &caller, &node_id).await?,
-    ))
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Page<BindingView>>> {
+    let (limit, after) = q.checked()?;
+    let views = binding::pending_for_node(&app, &caller, &node_id, after, limit + 1).await?;
+    Ok(Json(page(views, limit as i64, |b| {
+        b.reservation_id.clone()
+    })))
 }
 
 /// The node reports on one reservation: `bound` (it becomes active), `failed` (it ends
