@@ -362,10 +362,9 @@ async fn capacity_counts_units_by_state_now_ahead_and_over_the_last_day(db: Db) 
 
 async fn each_pools_deciders_are_named_with_their_decision_counts(db: Db) {
     let f = fleet(db).await;
-    let query =
-        "{ pools { id deciders { kind world pluginId builtIn decisionCount failureCount } } }";
-    let pools = data(&f.server.admin(), query, json!({})).await["pools"].clone();
-    let deciders = pools[0]["deciders"].as_array().unwrap().clone();
+    let query = "{ pools { edges { node { id deciders { kind world pluginId builtIn decisionCount failureCount } } } } }";
+    let pools = data(&f.server.admin(), query, json!({})).await["pools"]["edges"].clone();
+    let deciders = pools[0]["node"]["deciders"].as_array().unwrap().clone();
     let kinds: Vec<&str> = deciders
         .iter()
         .map(|d| d["kind"].as_str().unwrap())
@@ -389,6 +388,9 @@ async fn each_pools_deciders_are_named_with_their_decision_counts(db: Db) {
         "{pools}"
     );
     // A tenant offered the pool sees who decides in it.
-    let seen = data(&f.tenant_a, query, json!({})).await["pools"].clone();
-    assert_eq!(seen[0]["deciders"][0]["pluginId"], deciders[0]["pluginId"]);
+    let seen = data(&f.tenant_a, query, json!({})).await["pools"]["edges"].clone();
+    assert_eq!(
+        seen[0]["node"]["deciders"][0]["pluginId"],
+        deciders[0]["pluginId"]
+    );
 }

@@ -281,20 +281,21 @@ async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
     .await;
     assert_eq!(single["computeReservation"]["end"], r["end"]);
 
-    let pools = data(&w.tenant, "{ pools { id ownerOrgId nodeIds offers { tenantId quota { resource limit used remaining } } policies { onPolicyFailure } } }", json!({})).await;
-    assert_eq!(pools["pools"][0]["id"], w.pool.as_str());
+    let pools = data(&w.tenant, "{ pools { edges { node { id ownerOrgId nodeIds offers { edges { node { tenantId quota { resource limit used remaining } } } } policies { onPolicyFailure } } } } }", json!({})).await;
+    let pool = &pools["pools"]["edges"][0]["node"];
+    assert_eq!(pool["id"], w.pool.as_str());
     assert_eq!(
-        pools["pools"][0]["offers"][0]["quota"],
+        pool["offers"]["edges"][0]["node"]["quota"],
         json!([{ "resource": "gpu", "limit": 16, "used": 4, "remaining": 12 }])
     );
-    assert_eq!(pools["pools"][0]["policies"]["onPolicyFailure"], "fail");
+    assert_eq!(pool["policies"]["onPolicyFailure"], "fail");
     let offers = data(
         &w.tenant,
-        "query($pool: String!) { offers(poolId: $pool) { tenantId quota { resource used } } }",
+        "query($pool: String!) { offers(poolId: $pool) { edges { node { tenantId quota { resource used } } } } }",
         json!({ "pool": w.pool }),
     )
     .await;
-    assert_eq!(offers["offers"][0]["quota"][0]["used"], 4);
+    assert_eq!(offers["offers"]["edges"][0]["node"]["quota"][0]["used"], 4);
 
     let catalog = data(
         &w.tenant,
@@ -427,13 +428,13 @@ async fn another_org_sees_nothing_of_what_it_may_not_read(db: Db) {
     assert_eq!(code, "NOT_FOUND");
     let code = error_code(
         s,
-        "query($pool: String!) { offers(poolId: $pool) { tenantId } }",
+        "query($pool: String!) { offers(poolId: $pool) { edges { node { tenantId } } } }",
         json!({ "pool": w.pool }),
     )
     .await;
     assert_eq!(code, "NOT_FOUND");
-    let seen = data(s, "{ pools { id } nodes { edges { node { id } } } events { edges { node { id objectId } } } audit { edges { node { orgId } } } }", json!({})).await;
-    assert_eq!(seen["pools"], json!([]));
+    let seen = data(s, "{ pools { edges { node { id } } } nodes { edges { node { id } } } events { edges { node { id objectId } } } audit { edges { node { orgId } } } }", json!({})).await;
+    assert_eq!(seen["pools"]["edges"], json!([]));
     assert_eq!(seen["nodes"]["edges"], json!([]));
     assert_eq!(
         seen["events"]["edges"],

@@ -13,7 +13,243 @@ on_both_databases!(
     confirmation_requests_page_newest_first,
     a_bad_limit_or_cursor_is_refused_naming_the_field,
     an_orgs_node_reservations_page_over_graphql,
+    pools_and_offers_page_over_graphql_as_over_rest,
+    a_nodes_reservations_page_over_graphql_as_each_reader_sees_them,
 );
+
+/// Every page of the GraphQL connection `field` of `query` (which takes `$first` and
+/// `$after`, and selects `edges { cursor node { <id> } } pageInfo { hasNextPage
+/// endCursor }`), as the `id` of each page's nodes. Each page but the last is full.
+async fn graphql_pages(
+    api: &Api,
+    query: &str,
+    path: &[&str],
+    id: &str,
+    first: usize,
+) -> Vec<Vec<String>> {
+    let mut pages = Vec::new();
+    let mut after = Value::Null;
+    loop {
+        let (status, body) = api
+            .post(
+                "/graphql",
+                json!({ "query": query, "variables": { "first": first, "after": after } }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.get("errors").is_none(), "{body}");
+        let mut connection = &body["data"];
+        for step in path {
+            connection = &connection[*step];
+        }
+        let edges = connection["edges"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{body}"));
+        let ids: Vec<String> = edges
+            .iter()
+            .map(|e| e["node"][id].as_str().unwrap().to_string())
+            .collect();
+        for edge in edges {
+            assert_eq!(
+                edge["cursor"], edge["node"][id],
+                "the cursor is the id: {body}"
+            );
+        }
+        assert!(ids.len() <= first, "{body}");
+        let info = &connection["pageInfo"];
+        pages.push(ids);
+        if info["hasNextPage"] == false {
+            break;
+        }
+        assert_eq!(
+            pages.last().unwrap().len(),
+            first,
+            "a page with more is full"
+        );
+        assert_eq!(
+            &info["endCursor"],
+            edges.last().map(|e| &e["cursor"]).unwrap()
+        );
+        after = info["endCursor"].clone();
+        assert!(pages.len() <= 20, "the cursor must end: {pages:?}");
+    }
+    pages
+}
+
+async fn pools_and_offers_page_over_graphql_as_over_rest(db: Db) {
+    let server = Server::start(db).await;
+    server.org_with_key("acme", "provider").await;
+    let tenant = server.org_with_key("tenant-c", "member").await;
+    for org in ["tenant-a", "tenant-b", "tenant-d"] {
+        server.org_with_key(org, "member").await;
+    }
+    let mut pools = Vec::new();
+    for name in ["p1", "p2", "p3", "p4", "p5"] {
+        pools.push(create_pool(&server, name).await);
+    }
+    pools.sort();
+    let admin = server.admin();
+    let query = "query($first: Int, $after: String) { pools(first: $first, after: $after) { edges { cursor node { id } } pageInfo { hasNextPage endCursor } } }";
+    for first in [2, 5] {
+        assert_eq!(
+            graphql_pages(&admin, query, &["pools"], "id", first).await,
+            pages(&admin, "/v1/pools", first, "id").await,
+            "first {first}: the pages REST answers"
+        );
+    }
+    for pool in [&pools[4], &pools[1]] {
+        offer(&server, pool, "tenant-c").await;
+    }
+    assert_eq!(
+        graphql_pages(&tenant, query, &["pools"], "id", 1).await,
+        [vec![pools[1].clone()], vec![pools[4].clone()]],
+        "a tenant pages through the pools offered to it"
+    );
+
+    let pool = &pools[1];
+    for org in ["tenant-d", "tenant-a", "tenant-b"] {
+        offer(&server, pool, org).await;
+    }
+    let offers = format!(
+        "query($first: Int, $after: String) {{ offers(poolId: \"{pool}\", first: $first, after: $after) {{ edges {{ cursor node {{ tenantId }} }} pageInfo {{ hasNextPage endCursor }} }} }}"
+    );
+    let by_tenant = [
+        vec!["tenant-a".to_string(), "tenant-b".to_string()],
+        vec!["tenant-c".to_string(), "tenant-d".to_string()],
+    ];
+    assert_eq!(
+        graphql_pages(&admin, &offers, &["offers"], "tenantId", 2).await,
+        by_tenant
+    );
+    let nested = format!(
+        "query($first: Int, $after: String) {{ pool(id: \"{pool}\") {{ offers(first: $first, after: $after) {{ edges {{ cursor node {{ tenantId }} }} pageInfo {{ hasNextPage endCursor }} }} }} }}"
+    );
+    assert_eq!(
+        graphql_pages(&admin, &nested, &["pool", "offers"], "tenantId", 2).await,
+        by_tenant
+    );
+    assert_eq!(
+        graphql_pages(&tenant, &offers, &["offers"], "tenantId", 2).await,
+        [vec!["tenant-c".to_string()]],
+        "a tenant sees its own offer"
+    );
+
+    for (first, after) in [
+        (0, Value::Null),
+        (501, Value::Null),
+        (2, json!("has space")),
+    ] {
+        let (_, body) = admin
+            .post(
+                "/graphql",
+                json!({ "query": query, "variables": { "first": first, "after": after } }),
+            )
+            .await;
+        assert_eq!(
+            body["errors"][0]["extensions"]["code"], "INVALID_INPUT",
+            "{body}"
+        );
+    }
+}
+
+async fn a_nodes_reservations_page_over_graphql_as_each_reader_sees_them(db: Db) {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    register_node(&provider, "acme", "n1", 8).await;
+    let manager = server.org_with_key("broker", "provider").await;
+    let stranger = server.org_with_key("stranger", "provider").await;
+    server.org_with_key("tenant-a", "member").await;
+    let mut all = Vec::new();
+    let mut managed = Vec::new();
+    for gpu in 0..5 {
+        let mut body =
+            json!({ "unitIds": [format!("n1-gpu{gpu}")], "allowedOrgIds": ["tenant-a"] });
+        if gpu % 2 == 0 {
+            body["managingOrgIds"] = json!(["broker"]);
+        }
+        let (status, r) = server.admin().post("/v1/nodes/n1/reservations", body).await;
+        assert_eq!(status, StatusCode::CREATED, "{r}");
+        let id = r["id"].as_str().unwrap().to_string();
+        if gpu % 2 == 0 {
+            managed.push(id.clone());
+        }
+        all.push(id);
+    }
+    let (status, ended) = server
+        .admin()
+        .post(
+            &format!("/v1/nodes/n1/reservations/{}/end", all[0]),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{ended}");
+    managed.retain(|id| *id != all[0]);
+    all.sort();
+    all.reverse();
+    managed.sort();
+    managed.reverse();
+    let query = |status: &str| {
+        format!(
+            "query($first: Int, $after: String) {{ nodeReservations(nodeId: \"n1\"{status}, first: $first, after: $after) {{ edges {{ cursor node {{ id }} }} pageInfo {{ hasNextPage endCursor }} }} }}"
+        )
+    };
+    let flat = |pages: Vec<Vec<String>>| pages.concat();
+    let every = graphql_pages(&provider, &query(""), &["nodeReservations"], "id", 2).await;
+    assert_eq!(every.len(), 3, "{every:?}");
+    assert_eq!(
+        flat(every),
+        all,
+        "the owner pages through every one, newest first"
+    );
+    let (_, rest) = provider.get("/v1/nodes/n1/reservations").await;
+    let rest: Vec<&str> = rest
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(rest, all, "as REST lists them");
+    let cancelled = graphql_pages(
+        &server.admin(),
+        &query(", status: \"cancelled\""),
+        &["nodeReservations"],
+        "id",
+        2,
+    )
+    .await;
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!(cancelled[0].len(), 1, "{cancelled:?}");
+
+    assert_eq!(
+        flat(graphql_pages(&manager, &query(""), &["nodeReservations"], "id", 1).await),
+        managed,
+        "a managing org pages through what it manages now"
+    );
+    assert_eq!(
+        flat(
+            graphql_pages(
+                &manager,
+                &query(", status: \"cancelled\""),
+                &["nodeReservations"],
+                "id",
+                1
+            )
+            .await
+        ),
+        Vec::<String>::new(),
+        "what it no longer manages it does not see"
+    );
+    let (_, body) = stranger
+        .post(
+            "/graphql",
+            json!({ "query": query(""), "variables": { "first": 2 } }),
+        )
+        .await;
+    assert_eq!(
+        body["errors"][0]["extensions"]["code"], "NOT_FOUND",
+        "{body}"
+    );
+}
 
 /// Every page of `path` at `limit`, as the ids (`field`) of each page's items. Each page
 /// but the last must be full and carry a cursor; the last carries none.

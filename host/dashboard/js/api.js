@@ -56,6 +56,30 @@ export async function gql(query, variables = {}) {
   return { data: body.data, errors };
 }
 
+/**
+ * Every node of the connection `field` of `query` (which takes `$after`), page after page;
+ * and the errors of every page, each with the `node` it is about when it is about one.
+ */
+export async function gqlAll(query, field, variables = {}) {
+  const nodes = [];
+  const errors = [];
+  let after = null;
+  for (;;) {
+    const page = await gql(query, { ...variables, after });
+    const connection = page.data?.[field];
+    // An error inside an item names it by its index in its page: `node` is that item.
+    for (const e of page.errors) {
+      const at = e.path?.[0] === field && e.path[1] === "edges" ? e.path[2] : undefined;
+      errors.push({ ...e, node: at === undefined ? undefined : connection?.edges?.[at]?.node });
+    }
+    if (!connection) break;
+    for (const edge of connection.edges) nodes.push(edge.node);
+    if (!connection.pageInfo.hasNextPage) break;
+    after = connection.pageInfo.endCursor;
+  }
+  return { nodes, errors };
+}
+
 /** A GraphQL error in words. */
 export function describe(error) {
   const code = error.extensions?.code;

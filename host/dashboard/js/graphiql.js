@@ -80,7 +80,7 @@
     root.render(React.createElement(GraphiQL, {
       fetcher: fetcher,
       defaultEditorToolsVisibility: true,
-      defaultQuery: "# The caller, and the pools it sees.\n{\n  viewer { orgId keyId permissions }\n  pools { id name }\n}\n",
+      defaultQuery: "# The caller, and the pools it sees.\n{\n  viewer { orgId keyId permissions }\n  pools(first: 20) { edges { node { id name } } }\n}\n",
     }));
     check();
   }

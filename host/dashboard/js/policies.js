@@ -2,12 +2,14 @@
 // decision and failure counts. Plugin names come from the plugin list when the key may
 // read it; otherwise the plugin's content hash is shown.
 
-import { describe, gql } from "./api.js";
+import { describe, gql, gqlAll } from "./api.js";
 import { esc } from "./format.js";
 
-const QUERY = `{ pools { id name archived
-  policies { onPolicyFailure deadlineMs }
-  deciders { kind world pluginId builtIn decisionCount failureCount } } }`;
+const QUERY = `query($after: String) { pools(first: 100, after: $after) {
+  pageInfo { hasNextPage endCursor }
+  edges { node { id name archived
+    policies { onPolicyFailure deadlineMs }
+    deciders { kind world pluginId builtIn decisionCount failureCount } } } } }`;
 const PLUGINS = `{ plugins { id name version } }`;
 
 const body = () => document.getElementById("policies-body");
@@ -26,7 +28,7 @@ async function load() {
   let pools;
   let errors;
   try {
-    ({ data: { pools }, errors } = await gql(QUERY));
+    ({ nodes: pools, errors } = await gqlAll(QUERY, "pools"));
   } catch (e) {
     body().innerHTML = `<p class="error" role="alert">Policies cannot be shown: ${esc(e.message)}</p>`;
     return;
@@ -42,11 +44,11 @@ async function load() {
     body().innerHTML = `<div class="empty"><h2>No pools to show</h2><p>This key sees no pool.</p></div>`;
     return;
   }
-  const refused = new Map(errors.filter((e) => e.path?.[0] === "pools").map((e) => [e.path[1], describe(e)]));
+  const refused = new Map(errors.filter((e) => e.node).map((e) => [e.node.id, describe(e)]));
   body().innerHTML = `<table class="grid" id="policies-table"><caption class="sr-only">Policy plugins per pool</caption>
     <thead><tr><th scope="col">Pool</th><th scope="col">Policy</th><th scope="col">Plugin</th>
       <th scope="col" class="num">Decisions</th><th scope="col" class="num">Failures</th><th scope="col">On failure</th></tr></thead>
-    <tbody>${pools.map((p, i) => poolRows(p, refused.get(i), names)).join("")}</tbody></table>`;
+    <tbody>${pools.map((p) => poolRows(p, refused.get(p.id), names)).join("")}</tbody></table>`;
 }
 
 function poolRows(pool, refusal, names) {

@@ -1,7 +1,7 @@
 // Compute reservations of one tenant, newest first, filtered by state; pending ones show
 // their conditions (why they wait). Refreshed whenever the event feed reports a change.
 
-import { gql } from "./api.js";
+import { gql, gqlAll } from "./api.js";
 import { esc, when } from "./format.js";
 
 const QUERY = `query($tenantId: String, $state: String, $scope: String, $after: String) {
@@ -9,6 +9,10 @@ const QUERY = `query($tenantId: String, $state: String, $scope: String, $after: 
     pageInfo { hasNextPage endCursor }
     edges { node { id tenantId poolId state spot start end conditions reason createdAt
       placement { nodeId members { nodeId unitIds } } } } } }`;
+
+/** The tenants offered each pool the key sees (the first 100 of each pool's). */
+const TENANTS = `query($after: String) { pools(first: 100, after: $after) {
+  pageInfo { hasNextPage endCursor } edges { node { offers(first: 100) { edges { node { tenantId } } } } } } }`;
 
 const $ = (id) => document.getElementById(id);
 let viewer = null;
@@ -29,8 +33,8 @@ async function listTenants() {
   tenantsListed = true;
   let tenants = [];
   try {
-    const { data } = await gql("{ pools { offers { tenantId } } }");
-    tenants = [...new Set((data?.pools || []).flatMap((p) => (p?.offers || []).map((o) => o.tenantId)))].sort();
+    const { nodes: pools } = await gqlAll(TENANTS, "pools");
+    tenants = [...new Set(pools.flatMap((p) => (p?.offers?.edges || []).map((e) => e.node.tenantId)))].sort();
   } catch {
     // Without offers to read, the field keeps the key's own org.
   }

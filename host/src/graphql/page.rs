@@ -1,39 +1,30 @@
-//! Relay-style connections over lists the domain returns whole.
+//! Relay-style connections over pages the domain reads from the database.
 
 use async_graphql::OutputType;
 use async_graphql::connection::{Connection, Edge};
 
 use super::limits;
-use crate::{Error, Result};
+use crate::{Result, validation};
 
-/// The page of `items` after the item whose cursor is `after`, at most `first` long.
-pub fn slice<T: OutputType>(
-    items: Vec<T>,
-    first: Option<i32>,
-    after: Option<String>,
+/// The page size of a connection whose cursor is an id, and its `after`, checked: `first`
+/// is 1-[`limits::MAX_PAGE_SIZE`] (default [`limits::DEFAULT_PAGE_SIZE`]).
+pub fn by_id(first: Option<i32>, after: Option<&str>) -> Result<usize> {
+    if let Some(after) = after {
+        validation::id("after", after)?;
+    }
+    limits::page_size(first)
+}
+
+/// A connection of `items` read with one more than `first` (to tell whether more follow),
+/// cut to `first`.
+pub fn of_read<T: OutputType>(
+    mut items: Vec<T>,
+    first: usize,
+    after_given: bool,
     cursor_of: impl Fn(&T) -> String,
-) -> Result<Connection<String, T>> {
-    let first = limits::page_size(first)?;
-    let start = match after {
-        None => 0,
-        Some(after) => {
-            items
-                .iter()
-                .position(|item| cursor_of(item) == after)
-                .ok_or_else(|| Error::invalid("after", "not a cursor of this list"))?
-                + 1
-        }
-    };
-    let has_next = items.len() > start + first;
-    let mut connection = Connection::new(start > 0, has_next);
-    connection.edges.extend(
-        items
-            .into_iter()
-            .skip(start)
-            .take(first)
-            .map(|item| Edge::new(cursor_of(&item), item)),
-    );
-    Ok(connection)
+) -> Connection<String, T> {
+    let has_next = crate::store::cut(&mut items, first);
+    of_page(items, after_given, has_next, cursor_of)
 }
 
 /// A connection of one page the domain cut, whose last item's cursor continues it.

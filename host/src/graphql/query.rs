@@ -70,19 +70,12 @@ impl Query {
     ) -> Result<Connection<String, Node>> {
         let caller = caller(ctx)?;
         let org_id = org_id.unwrap_or_else(|| caller.org_id.clone());
-        let first = limits::page_size(first)?;
-        if let Some(after) = &after {
-            validation::id("after", after)?;
-        }
-        let mut nodes = nodes::list(app(ctx), caller, &org_id, after.as_deref(), first + 1).await?;
-        let has_next = crate::store::cut(&mut nodes, first);
+        let first = page::by_id(first, after.as_deref())?;
+        let nodes = nodes::list(app(ctx), caller, &org_id, after.as_deref(), first + 1).await?;
         let nodes = nodes.into_iter().map(Node::from).collect();
-        Ok(page::of_page(
-            nodes,
-            after.is_some(),
-            has_next,
-            |n: &Node| n.id.clone(),
-        ))
+        Ok(page::of_read(nodes, first, after.is_some(), |n: &Node| {
+            n.id.clone()
+        }))
     }
 
     /// One node: readable by ops and the owning org.
@@ -90,10 +83,9 @@ impl Query {
         Ok(nodes::get(app(ctx), caller(ctx)?, &id).await?.into())
     }
 
-    /// Node reservations, newest first: those on `nodeId`, or those whose audience
-    /// includes `orgId` (exactly one of the two), optionally of one `status`. An org's are
-    /// read a page at a time; a node's are read whole (who may see each one depends on all
-    /// of the node's reservations) and then cut.
+    /// Node reservations, newest first, a page at a time: those on `nodeId` the caller
+    /// sees, or those whose audience includes `orgId` (exactly one of the two), optionally
+    /// of one `status`.
     #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
     async fn node_reservations(
         &self,
@@ -106,35 +98,28 @@ impl Query {
     ) -> Result<Connection<String, NodeReservation>> {
         let (app, caller) = (app(ctx), caller(ctx)?);
         let status = queries::parse_status(status.as_deref())?;
-        let cursor_of = |r: &NodeReservation| r.id.clone();
-        match (node_id, org_id) {
+        let first = page::by_id(first, after.as_deref())?;
+        let before = after.as_deref();
+        let (found, cursor) = match (node_id, org_id) {
             (Some(node_id), None) => {
-                let found = queries::list_for_node(app, caller, &node_id)
-                    .await?
-                    .into_iter()
-                    .filter(|r| status.is_none_or(|s| r.status == s))
-                    .map(NodeReservation::from)
-                    .collect();
-                Ok(page::slice(found, first, after, cursor_of)?)
+                queries::page_for_node(app, caller, &node_id, status, before, first).await?
             }
             (None, Some(org_id)) => {
-                let first = limits::page_size(first)?;
-                if let Some(after) = &after {
-                    validation::id("after", after)?;
-                }
-                let (found, cursor) =
-                    queries::page_for_org(app, caller, &org_id, status, after.as_deref(), first)
-                        .await?;
-                let found = found.into_iter().map(NodeReservation::from).collect();
-                Ok(page::of_page(
-                    found,
-                    after.is_some(),
-                    cursor.is_some(),
-                    cursor_of,
-                ))
+                queries::page_for_org(app, caller, &org_id, status, before, first).await?
             }
-            _ => Err(Error::invalid("nodeId", "give exactly one of nodeId and orgId").into()),
-        }
+            _ => {
+                return Err(
+                    Error::invalid("nodeId", "give exactly one of nodeId and orgId").into(),
+                );
+            }
+        };
+        let found = found.into_iter().map(NodeReservation::from).collect();
+        Ok(page::of_page(
+            found,
+            after.is_some(),
+            cursor.is_some(),
+            |r: &NodeReservation| r.id.clone(),
+        ))
     }
 
     /// A tenant's compute reservations newest first, drafts skipped, filtered as the RPC's
@@ -202,10 +187,21 @@ impl Query {
         Ok(lifecycle::get(app(ctx), caller, reference).await?.into())
     }
 
-    /// The pools the caller owns or is offered (all of them, for platform operators).
-    async fn pools(&self, ctx: &Context<'_>) -> Result<Vec<Pool>> {
-        let pools = store::every(app(ctx), caller(ctx)?).await?;
-        Ok(pools.into_iter().map(Pool::from).collect())
+    /// The pools the caller owns or is offered (all of them, for platform operators), by
+    /// id, a page at a time.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    async fn pools(
+        &self,
+        ctx: &Context<'_>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, Pool>> {
+        let first = page::by_id(first, after.as_deref())?;
+        let pools = store::list(app(ctx), caller(ctx)?, after.as_deref(), first + 1).await?;
+        let pools = pools.into_iter().map(Pool::from).collect();
+        Ok(page::of_read(pools, first, after.is_some(), |p: &Pool| {
+            p.id.clone()
+        }))
     }
 
     /// One pool the caller sees.
@@ -213,11 +209,17 @@ impl Query {
         Ok(store::get(app(ctx), caller(ctx)?, &id).await?.into())
     }
 
-    /// A pool's offers with quota used and remaining: all for its managers, a tenant's own
-    /// for a tenant.
-    async fn offers(&self, ctx: &Context<'_>, pool_id: String) -> Result<Vec<Offer>> {
-        let offers = store::every_offer(app(ctx), caller(ctx)?, &pool_id).await?;
-        Ok(offers.into_iter().map(Offer::from).collect())
+    /// A pool's offers with quota used and remaining, by tenant id, a page at a time (the
+    /// cursor is a tenant id): all for its managers, a tenant's own for a tenant.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    async fn offers(
+        &self,
+        ctx: &Context<'_>,
+        pool_id: String,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, Offer>> {
+        Offer::page(ctx, &pool_id, first, after).await
     }
 
     /// The units an org (by default the caller's) could place on now, per node, on the

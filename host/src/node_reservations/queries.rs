@@ -339,40 +339,141 @@ pub async fn page_for_org(
     limit: usize,
 ) -> Result<(Vec<NodeReservation>, Option<String>)> {
     crate::iam::orgs::require(app, caller, Permission::ReservationRead, org_id).await?;
+    let mut conn = app.store.pool().acquire().await?;
+    let page = Page {
+        clause: "allowed_org_ids LIKE $1",
+        args: vec![mentioning(org_id)],
+        status,
+        before,
+        limit,
+    };
+    // `LIKE` reads `_` as any character: the audience is checked exactly after the read.
+    read_page(app, &mut conn, page, |r| {
+        r.allowed_org_ids.iter().any(|o| o == org_id)
+    })
+    .await
+}
+
+/// One page of the reservations on `node_id` the caller sees, newest first (by id), as
+/// [`page_for_org`] reads them: every one for platform operators and the node's owner, for
+/// a managing org those it manages now. Whether a managing org may read the node's
+/// reservations at all is read from the ones it manages, not from every one on the node.
+pub async fn page_for_node(
+    app: &App,
+    caller: &Principal,
+    node_id: &str,
+    status: Option<Status>,
+    before: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<NodeReservation>, Option<String>)> {
+    let not_found = || Error::not_found(format_args!("node {node_id}"));
+    let mut conn = app.store.pool().acquire().await?;
+    let node = nodes::find(&mut conn, node_id)
+        .await?
+        .ok_or_else(not_found)?;
+    if !caller.has(Permission::ReservationRead) {
+        return Err(not_found());
+    }
+    let mut page = Page {
+        clause: "node_id = $1",
+        args: vec![node_id.to_string()],
+        status,
+        before,
+        limit,
+    };
+    if caller.acts_for(&node.org_id) {
+        return read_page(app, &mut conn, page, |_| true).await;
+    }
+    // A managing org sees what it manages now: active reservations that name it.
+    page.clause = "node_id = $1 AND managing_org_ids LIKE $2";
+    page.args.push(mentioning(&caller.org_id));
     let now = app.now_ms();
-    // The status follows the clock: `status()` in SQL, with `$4` the instant.
-    let open = "(ends_at IS NULL OR ends_at > $4)";
-    let status_clause = match status {
+    let manages = |r: &Record| r.rights(now).managed_by(&caller.org_id);
+    let any = Page {
+        status: Some(Status::Active),
+        before: None,
+        limit: 1,
+        ..page.clone()
+    };
+    if read_page(app, &mut conn, any, manages).await?.0.is_empty() {
+        return Err(not_found());
+    }
+    if status.is_some_and(|s| s != Status::Active) {
+        return Ok((Vec::new(), None));
+    }
+    page.status = Some(Status::Active);
+    read_page(app, &mut conn, page, manages).await
+}
+
+/// `LIKE` text matching a JSON array of strings that holds `id`.
+fn mentioning(id: &str) -> String {
+    format!("%\"{id}\"%")
+}
+
+/// Which reservations a page reads: those `clause` selects (its `args` bound as `$1`…),
+/// optionally of one `status`, older than the reservation `before`, at most `limit`.
+#[derive(Clone)]
+struct Page<'a> {
+    clause: &'a str,
+    args: Vec<String>,
+    status: Option<Status>,
+    before: Option<&'a str>,
+    limit: usize,
+}
+
+/// The SQL condition that a reservation has `status` at the instant bound as `now` (a
+/// placeholder): what [`super::status`] computes, in SQL.
+fn status_clause(status: Option<Status>, now: &str) -> String {
+    let open = format!("(ends_at IS NULL OR ends_at > {now})");
+    match status {
         None => String::new(),
         Some(Status::Cancelled) => " AND lifecycle = 'cancelled'".to_string(),
         Some(Status::Expired) => {
-            " AND lifecycle <> 'cancelled' AND ends_at IS NOT NULL AND ends_at <= $4".to_string()
+            format!(" AND lifecycle <> 'cancelled' AND ends_at IS NOT NULL AND ends_at <= {now}")
         }
         Some(Status::NeedsReview) => format!(" AND lifecycle = 'needs-review' AND {open}"),
         Some(Status::Pending) => {
-            format!(" AND lifecycle = 'granted' AND {open} AND starts_at > $4")
+            format!(" AND lifecycle = 'granted' AND {open} AND starts_at > {now}")
         }
         Some(Status::Active) => {
-            format!(" AND lifecycle = 'granted' AND {open} AND starts_at <= $4")
+            format!(" AND lifecycle = 'granted' AND {open} AND starts_at <= {now}")
         }
-    };
+    }
+}
+
+/// Reads one page newest first (by id) and the cursor of the next while more remain.
+/// `keep` checks each reservation read exactly, so a page may hold fewer than `limit`
+/// while its cursor goes on from where the read stopped.
+async fn read_page(
+    app: &App,
+    conn: &mut AnyConnection,
+    page: Page<'_>,
+    keep: impl Fn(&Record) -> bool,
+) -> Result<(Vec<NodeReservation>, Option<String>)> {
+    let now = app.now_ms();
+    let n = page.args.len();
+    let (before_at, limit_at, now_at) = (n + 1, n + 2, n + 3);
     let sql = format!(
         "SELECT id, node_id, allowed_org_ids, managing_org_ids, starts_at, ends_at, lifecycle, topology_gen,
                 contract_ref, reason, created_at, updated_at
          FROM node_reservations
-         WHERE allowed_org_ids LIKE $1 AND ($2 = '' OR id < $2){status_clause}
-         ORDER BY id DESC LIMIT $3"
+         WHERE {} AND (${before_at} = '' OR id < ${before_at}){}
+         ORDER BY id DESC LIMIT ${limit_at}",
+        page.clause,
+        status_clause(page.status, &format!("${now_at}"))
     );
-    let mut query = sqlx::query(&sql)
-        .bind(format!("%\"{org_id}\"%"))
-        .bind(before.unwrap_or(""))
-        .bind(limit as i64 + 1);
-    if status.is_some() {
+    let mut query = sqlx::query(&sql);
+    for arg in &page.args {
+        query = query.bind(arg);
+    }
+    query = query
+        .bind(page.before.unwrap_or(""))
+        .bind(page.limit as i64 + 1);
+    if page.status.is_some() {
         query = query.bind(now);
     }
-    let mut conn = app.store.pool().acquire().await?;
     let mut rows = query.fetch_all(&mut *conn).await?;
-    let more = crate::store::cut(&mut rows, limit);
+    let more = crate::store::cut(&mut rows, page.limit);
     let cursor = more
         .then(|| rows.last().map(|r| r.get::<String, _>("id")))
         .flatten();
@@ -390,13 +491,11 @@ pub async fn page_for_org(
         units = units.bind(id);
     }
     let units = units.fetch_all(&mut *conn).await?;
-    // `LIKE` reads `_` as any character: the audience is checked exactly here, so a page
-    // may hold fewer than `limit` while its cursor goes on from where the read stopped.
     let items = assemble(&rows, &units)?
         .iter()
-        .filter(|r| r.allowed_org_ids.iter().any(|o| o == org_id))
+        .filter(|r| keep(r))
         .map(|r| r.view(now))
-        .filter(|v| status.is_none_or(|s| v.status == s))
+        .filter(|v| page.status.is_none_or(|s| v.status == s))
         .collect();
     Ok((items, cursor))
 }

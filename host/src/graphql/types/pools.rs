@@ -3,11 +3,12 @@
 
 use std::collections::BTreeSet;
 
+use async_graphql::connection::Connection;
 use async_graphql::{ComplexObject, Context, Json, Result, SimpleObject};
 
 use super::{api_name, json};
 use crate::graphql::decisions::{self, DecisionCount};
-use crate::graphql::{app, caller};
+use crate::graphql::{app, caller, limits, page};
 use crate::policy::{assignment, registry};
 use crate::pools::store;
 
@@ -43,10 +44,16 @@ impl From<store::Pool> for Pool {
 
 #[ComplexObject]
 impl Pool {
-    /// Its offers: all of them for its managers, the caller's own for a tenant.
-    async fn offers(&self, ctx: &Context<'_>) -> Result<Vec<Offer>> {
-        let offers = store::every_offer(app(ctx), caller(ctx)?, &self.id).await?;
-        Ok(offers.into_iter().map(Offer::from).collect())
+    /// Its offers by tenant id, a page at a time: all of them for its managers, the
+    /// caller's own for a tenant.
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    async fn offers(
+        &self,
+        ctx: &Context<'_>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, Offer>> {
+        Offer::page(ctx, &self.id, first, after).await
     }
 
     /// The plugins it runs (absent: the built-in defaults).
@@ -124,6 +131,28 @@ pub struct QuotaLine {
     pub limit: i64,
     pub used: i64,
     pub remaining: i64,
+}
+
+impl Offer {
+    /// A page of `pool_id`'s offers the caller sees, by tenant id after the tenant `after`.
+    pub async fn page(
+        ctx: &Context<'_>,
+        pool_id: &str,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, Offer>> {
+        let first = page::by_id(first, after.as_deref())?;
+        let offers =
+            store::list_offers(app(ctx), caller(ctx)?, pool_id, after.as_deref(), first + 1)
+                .await?;
+        let offers = offers.into_iter().map(Offer::from).collect();
+        Ok(page::of_read(
+            offers,
+            first,
+            after.is_some(),
+            |o: &Offer| o.tenant_id.clone(),
+        ))
+    }
 }
 
 impl From<store::Offer> for Offer {
