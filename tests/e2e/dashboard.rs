@@ -403,6 +403,31 @@ async fn a_tenant_key_sees_none_of_another_tenants_bookings(db: Db) {
     browser.go_to_view("timeline").await;
     browser.wait_text("#tl-bookings", &theirs).await;
     browser.wait_text("#tl-legend", "tenant-b").await;
+    // The reservations view offers every tenant of the pools, read page by page.
+    browser.go_to_view("reservations").await;
+    browser.wait_visible("#res-tenant").await;
+    let started = std::time::Instant::now();
+    loop {
+        let offered = browser
+            .client
+            .execute(
+                "return [...document.querySelectorAll('#res-tenants option')].map((o) => o.value);",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let offered: Vec<&str> = offered
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        if offered.contains(&"tenant-a") && offered.contains(&"tenant-b") {
+            break;
+        }
+        assert!(started.elapsed() < PATIENCE, "tenants offered: {offered:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     browser.client.close().await.unwrap();
 }
 
