@@ -262,6 +262,8 @@ pub struct Batch {
     statements: Vec<String>,
     values: Vec<Value>,
     postgres: bool,
+    /// A statement without parameters run first, uncounted ([`Batch::opening`]).
+    opening: Option<&'static str>,
 }
 
 /// A parameter of a batched statement.
@@ -333,6 +335,19 @@ impl Batch {
             statements: Vec::new(),
             values: Vec::new(),
             postgres: conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME,
+            opening: None,
+        }
+    }
+
+    /// An empty batch that first runs `sql` (a statement without parameters and without a
+    /// count, such as `SAVEPOINT`) in the same round trip. SQLite only: a PostgreSQL batch
+    /// is one statement.
+    pub fn opening(conn: &AnyConnection, sql: &'static str) -> Batch {
+        let batch = Batch::on(conn);
+        assert!(!batch.postgres, "a PostgreSQL batch is one statement");
+        Batch {
+            opening: Some(sql),
+            ..batch
         }
     }
 
@@ -373,11 +388,15 @@ impl Batch {
         let n = self.statements.len();
         let read_sql = read.map(|r| format!("CAST(({r}) AS BIGINT)"));
         let sql = match (self.postgres, n, &read_sql) {
-            (_, 0, None) => return Ok((Vec::new(), None)),
-            (_, 1, None) => self.statements[0].clone(),
+            (_, 0, None) if self.opening.is_none() => return Ok((Vec::new(), None)),
+            // SQLite sums the changes of every statement; the opening one changes none.
+            (_, 1, None) => (self.opening.iter().copied())
+                .chain([self.statements[0].as_str()])
+                .collect::<Vec<_>>()
+                .join(";\n"),
             // Each statement's count follows it (rows changed by the statement before).
-            (false, _, _) => (self.statements.iter())
-                .map(|s| format!("{s};\nSELECT changes()"))
+            (false, _, _) => (self.opening.iter().map(|s| s.to_string()))
+                .chain((self.statements.iter()).map(|s| format!("{s};\nSELECT changes()")))
                 .chain(read_sql.iter().map(|r| format!("SELECT {r}")))
                 .collect::<Vec<_>>()
                 .join(";\n"),
@@ -401,8 +420,9 @@ impl Batch {
                 Value::Bool(v) => query.bind(v),
             };
         }
-        if n == 1 && read.is_none() {
-            return Ok((vec![query.execute(conn).await?.rows_affected()], None));
+        if n <= 1 && read.is_none() {
+            let changed = query.execute(conn).await?.rows_affected();
+            return Ok(((n == 1).then_some(changed).into_iter().collect(), None));
         }
         let rows = query.fetch_all(conn).await?;
         let value = |row: &sqlx::any::AnyRow, i: usize| sqlx::Row::get::<i64, _>(row, i);

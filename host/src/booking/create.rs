@@ -296,7 +296,11 @@ async fn decide_and_place(
 /// it first.
 async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Result<bool> {
     let mut tx = app.store.begin().await?;
-    if insert_draft(app, &mut tx, caller, draft).await?.is_none() {
+    let batch = Batch::on(&tx);
+    if insert_draft(app, &mut tx, batch, caller, draft)
+        .await?
+        .is_none()
+    {
         tx.rollback().await?;
         return Ok(false);
     }
@@ -305,15 +309,15 @@ async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Resu
 }
 
 /// Inserts a new draft with its audit entry, and reads where the capacity feed stands for
-/// this transaction ([`crate::capacity::View::since`]), in one round trip; `None` when the
-/// id exists: the caller rolls back (the entry was written).
+/// this transaction ([`crate::capacity::View::since`]), with what `batch` holds, in one
+/// round trip; `None` when the id exists: the caller rolls back (the entry was written).
 async fn insert_draft(
     app: &App,
     conn: &mut AnyConnection,
+    mut batch: Batch,
     caller: &Principal,
     draft: &Reservation,
 ) -> Result<Option<Since>> {
-    let mut batch = Batch::on(conn);
     store::push_insert(&mut batch, draft);
     let entry = Entry {
         org_id: &draft.tenant_id,
@@ -618,8 +622,7 @@ async fn charge_and_place(
         // Held in the view until the placement commits (or not).
         let (decided, _assumed) = place::decide(app, (pool, at), &r).await?;
         let mut writer = Writer::for_decision(app, &decided).await?;
-        let conn = writer.conn();
-        let write = write_placement(app, conn, &placing, &terms, &mut r, decided, attempt);
+        let write = write_placement(app, &mut writer, &placing, &terms, &mut r, decided, attempt);
         match write.await {
             Ok(Written::Keep { since, laying }) => {
                 writer.keep(app, since, laying).await?;
@@ -665,10 +668,28 @@ impl Writer {
         })
     }
 
+    /// The transaction to write in, once [`Writer::start`] (or [`Writer::batch`]) began
+    /// the writes.
     fn conn(&mut self) -> &mut AnyConnection {
         match self {
             Writer::Member(member) => member.conn(),
             Writer::Alone(tx) => tx,
+        }
+    }
+
+    /// Begins the writes (a member's savepoint).
+    async fn start(&mut self) -> Result<()> {
+        match self {
+            Writer::Member(member) => member.start().await,
+            Writer::Alone(_) => Ok(()),
+        }
+    }
+
+    /// A batch that begins the writes, unless they were begun, in its round trip.
+    fn batch(&mut self) -> Batch {
+        match self {
+            Writer::Member(member) => member.batch(),
+            Writer::Alone(tx) => Batch::on(tx),
         }
     }
 
@@ -708,12 +729,12 @@ enum Written {
     Lost(Vec<String>),
 }
 
-/// One placement attempt's writes, in `tx`, from the draft to what is to commit: the write
-/// half of [`charge_and_place`]. The caller keeps them or rolls them back, as this answers
-/// (rolled back on an error).
+/// One placement attempt's writes, through `writer`, from the draft to what is to commit:
+/// the write half of [`charge_and_place`]. The caller keeps them or rolls them back, as
+/// this answers (rolled back on an error).
 async fn write_placement(
     app: &App,
-    tx: &mut AnyConnection,
+    writer: &mut Writer,
     placing: &Placing<'_>,
     terms: &Terms<'_>,
     r: &mut Reservation,
@@ -727,6 +748,8 @@ async fn write_placement(
         stored,
     } = *placing;
     let since = if stored {
+        writer.start().await?;
+        let tx = writer.conn();
         let current = store::find(tx, &r.id, app.store.for_update())
             .await?
             .ok_or_else(|| not_found(&r.id))?;
@@ -737,11 +760,13 @@ async fn write_placement(
         r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id.take());
         app.capacity.since(tx).await?
     } else {
-        let Some(since) = insert_draft(app, tx, caller, r).await? else {
+        let batch = writer.batch();
+        let Some(since) = insert_draft(app, writer.conn(), batch, caller, r).await? else {
             return Ok(Written::Done(None));
         };
         since
     };
+    let tx = writer.conn();
     if let Some(spent) = terms.spent {
         let now_spent = spending(app, tx, pool, offer, r).await?;
         if now_spent.as_ref() != Some(spent)

@@ -151,6 +151,7 @@ pub(super) fn decide(
         let mut taken: BTreeSet<u32> = BTreeSet::new();
         let mut members: Vec<Member> = Vec::new();
         let mut decided: Vec<String> = Vec::new();
+        let mut claimed = false;
         let mut why = String::new();
         while members.len() < size {
             let (candidates, index) =
@@ -184,6 +185,7 @@ pub(super) fn decide(
                 .collect();
             unit_ids.sort();
             taken.insert(choice.node);
+            claimed |= snapshot.claimed(choice.node as usize);
             members.push(Member {
                 node_id: node.id.clone(),
                 unit_ids,
@@ -196,6 +198,7 @@ pub(super) fn decide(
             return Ok(Ok(Chosen {
                 members,
                 decided_by: decided.join(", "),
+                claimed,
             }));
         }
         if reason.is_none() {

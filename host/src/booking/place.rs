@@ -48,6 +48,9 @@ const BOOKED_CONCURRENTLY: &str = "the chosen units were booked concurrently";
 pub(super) struct Chosen {
     pub members: Vec<Member>,
     pub decided_by: String,
+    /// Whether the view showed node reservations on a chosen node: the write then reads
+    /// their rights again.
+    pub claimed: bool,
 }
 
 /// Bookings of a placement added to the batch that then writes the placed reservation
@@ -227,6 +230,7 @@ fn decide_one(
             unit_ids: Snapshot::booked_units(node, r, chosen),
         }],
         decided_by,
+        claimed: snapshot.claimed(n),
     }))
 }
 
@@ -345,12 +349,17 @@ pub(super) async fn book(
     let Chosen {
         mut members,
         decided_by,
+        claimed,
     } = chosen;
     let nodes = |members: &[Member]| members.iter().map(|m| m.node_id.clone()).collect();
+    // On SQLite, whose one writer is the node's lock, the check of a node without node
+    // reservations goes into the batch that writes the bookings ([`NodeRoom`]).
+    let checked_in_batch =
+        app.store.backend() == Backend::Sqlite && !claimed && matches!(write, Write::Into(_));
     // Nodes in id order, so that two placements sharing nodes never wait for each other.
     let mut order: Vec<&Member> = members.iter().collect();
     order.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-    for member in order {
+    for member in order.into_iter().filter(|_| !checked_in_batch) {
         let allowed = match node_check(app, conn, r, &member.node_id, now).await? {
             NodeCheck::NoRoom => false,
             NodeCheck::Room { claimed: false } => true,
@@ -372,15 +381,16 @@ pub(super) async fn book(
     }
     let written = match write {
         Write::Into(deferred) => {
+            let room = checked_in_batch.then(|| NodeRoom::sql(r.resources));
             for m in &members {
                 let share = app.provider_share_bps;
                 let rows = store::push_bookings(
                     &mut deferred.batch,
                     r,
-                    &m.node_id,
-                    &m.unit_ids,
+                    (&m.node_id, &m.unit_ids),
                     share,
                     now,
+                    room.as_deref(),
                 );
                 deferred.expect.extend(rows);
             }
@@ -510,10 +520,49 @@ async fn node_check(
 /// The host resource `column` booked on node `n` over the window `$5`–`$4` by reservations
 /// other than `$3` (`$2`: active bookings).
 fn booked_host(column: &str) -> String {
+    booked_host_with(column, ["$2", "$3", "$4", "$5"])
+}
+
+/// [`booked_host`] with the parameters `[active, reservation, end, start]` named.
+fn booked_host_with(column: &str, [active, id, end, start]: [&str; 4]) -> String {
     format!(
         "(SELECT CAST(COALESCE(SUM(h.{column}), 0) AS BIGINT) FROM host_bookings h
-          WHERE h.node_id = n.id AND h.active = $2 AND h.reservation_id <> $3 AND h.start_ms < $4 AND h.end_ms > $5)"
+          WHERE h.node_id = n.id AND h.active = {active} AND h.reservation_id <> {id} AND h.start_ms < {end} AND h.end_ms > {start})"
     )
+}
+
+/// What [`node_check`] checks of a node without node reservations, as a condition on the
+/// statement that books its units ([`store::push_bookings`]): the node still reports, holds
+/// no node reservation, and has room for the host resources over the window. A node that
+/// fails it books no unit, which shows as a lost decision.
+struct NodeRoom;
+
+impl NodeRoom {
+    /// The condition, in the parameters of [`store::push_bookings`]'s statement (`$1` the
+    /// reservation, `$2` the node, `$3`–`$4` the window, `$6` true).
+    fn sql(want: HostBooking) -> String {
+        let params = ["$6", "$1", "$4", "$3"];
+        let fits = |column: &str, want: i64| {
+            format!(
+                " AND {} + {want} <= n.host_{column}",
+                booked_host_with(column, params)
+            )
+        };
+        let host = match want == HostBooking::default() {
+            true => String::new(),
+            false => [
+                fits("vcpu", want.vcpu),
+                fits("memory_gib", want.memory_gib),
+                fits("hugepages_1gi", want.hugepages_1gi),
+            ]
+            .concat(),
+        };
+        format!(
+            "EXISTS (SELECT 1 FROM nodes n WHERE n.id = $2 AND n.lost_at IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM node_reservations nr
+                                       WHERE nr.node_id = n.id AND nr.lifecycle <> 'cancelled'){host})"
+        )
+    }
 }
 
 /// Retries placing a pending reservation (the reconciler's and the wake-up's path).

@@ -314,6 +314,11 @@ impl Snapshot {
         &self.nodes[n].node
     }
 
+    /// Whether node `n` holds node reservations (any but cancelled ones).
+    pub fn claimed(&self, n: usize) -> bool {
+        !self.nodes[n].claims.is_empty()
+    }
+
     /// The nodes, in order, lost ones included.
     pub fn nodes(&self) -> impl Iterator<Item = &Node> {
         self.nodes.iter().map(|c| c.node.as_ref())

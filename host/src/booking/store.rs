@@ -508,19 +508,27 @@ pub async fn insert_bookings(
     now: i64,
 ) -> sqlx::Result<bool> {
     let mut batch = Batch::on(conn);
-    let rows = push_bookings(&mut batch, r, node_id, units, provider_share_bps, now);
+    let rows = push_bookings(
+        &mut batch,
+        r,
+        (node_id, units),
+        provider_share_bps,
+        now,
+        None,
+    );
     Ok(batch.execute(conn).await? == rows)
 }
 
 /// Adds [`insert_bookings`]'s writes to `batch`; answers how many rows they change when
-/// every unit is still on the node.
+/// every unit is still on the node (and `condition`, a condition in the parameters of the
+/// statement that books the units, holds).
 pub fn push_bookings(
     batch: &mut Batch,
     r: &Reservation,
-    node_id: &str,
-    units: &[String],
+    (node_id, units): (&str, &[String]),
     provider_share_bps: u32,
     now: i64,
+    condition: Option<&str>,
 ) -> Vec<u64> {
     let start = r.start_ms.max(now);
     // One statement for every unit, with the price of the tenant's offer (none: the pool's
@@ -531,8 +539,9 @@ pub fn push_bookings(
          SELECT $1, u.node_id, u.id, $3, $4, $5, $6,
                 COALESCE((SELECT price_per_gpu_hour_minor FROM offers WHERE pool_id = $7 AND tenant_id = $8), 0),
                 u.model, u.device_class, $9
-         FROM units u WHERE u.node_id = $2 AND u.id IN ({})",
-        crate::store::placeholders(10, units.len())
+         FROM units u WHERE u.node_id = $2 AND u.id IN ({}){}",
+        crate::store::placeholders(10, units.len()),
+        condition.map(|c| format!(" AND {c}")).unwrap_or_default()
     );
     let mut values: Vec<Value> = vec![
         (&r.id).into(),
