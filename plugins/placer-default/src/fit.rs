@@ -6,11 +6,13 @@ use std::cmp::Reverse;
 
 use crate::{DeviceRequest, NO_DOMAIN, NodeView, Placement, Request};
 
+mod exact;
 mod single;
 
-/// The most domain choices tried for the `nvlink_all` entries of one request on one node.
-/// Requests with one or two such entries never come near it; beyond it the node counts as
-/// not fitting, so a hostile request cannot make a decision run long.
+/// The most domain choices tried for the `nvlink_all` entries of one request on one node,
+/// by the greedy search and the exact one together. Requests with one or two such entries
+/// never come near it; beyond it the node counts as not fitting, so a hostile request
+/// cannot make a decision run long.
 const MAX_DOMAIN_TRIES: u32 = 10_000;
 
 /// How good a node's placement is; lower is better. Field order is precedence.
@@ -44,6 +46,8 @@ pub(crate) struct Scratch {
     stats: Vec<DomainStat>,
     /// Per `nvlink_all` entry (by depth), the domains still to try.
     domains: Vec<Vec<(u32, u32)>>,
+    /// The assignment of the exact search.
+    flow: exact::Flow,
     /// The node's domains as bit masks, for a request with one entry.
     groups: single::Groups,
     /// The units the one-entry path chose on the node it looked at last (bit `k` for local
@@ -112,7 +116,9 @@ pub(crate) fn placement(node: &NodeView<'_>, scratch: &Scratch) -> Placement {
     }
 }
 
-/// [`best_on`] without the quick test: the full search.
+/// [`best_on`] without the quick test: the full search. The greedy search decides where
+/// it finds a placement; only when it finds none does the exact one, so a node is refused
+/// only when no placement exists on it (within [`MAX_DOMAIN_TRIES`]).
 pub(crate) fn search_on(
     req: &Request,
     node: &NodeView<'_>,
@@ -130,7 +136,7 @@ pub(crate) fn search_on(
         nvlink_free: 0,
         tries: 0,
     };
-    let fits = search.solve(&order, 0);
+    let fits = search.solve(&order, 0) || search.solve_exactly(&order);
     let nvlink_free = search.nvlink_free;
     scratch.order = order;
     if !fits {
@@ -225,7 +231,9 @@ impl Search<'_, '_> {
     /// Satisfies `order[k..]` given what earlier entries took, backtracking over the domain
     /// chosen for each `nvlink_all` entry. Other entries have no choice to revisit: once the
     /// domains are fixed, taking pinned entries before open ones finds units for all of them
-    /// whenever any assignment would.
+    /// whenever any assignment would. An `nvlink_all` entry, though, takes the lowest ids of
+    /// its domain, which may be units a later entry needed: when this finds nothing,
+    /// [`solve_exactly`](Self::solve_exactly) decides.
     fn solve(&mut self, order: &[usize], k: usize) -> bool {
         let Some(&entry_index) = order.get(k) else {
             return true;

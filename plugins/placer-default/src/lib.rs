@@ -20,9 +20,12 @@
 //! 5. Within a domain, and wherever nothing else decides, the lowest unit id.
 //!
 //! Entries are satisfied `nvlink_all` first, largest first, trying every choice of domain
-//! until the whole request fits; then entries pinned to a model; then the rest. The domain
-//! choices tried per node are capped at 10,000 (only requests with many `nvlink_all` entries
-//! come near it); a node that needs more counts as not fitting.
+//! until the whole request fits; then entries pinned to a model; then the rest. When that
+//! finds nothing on a node, an exact search (for each choice of domains, a maximum matching
+//! of entries to units) decides, so a node is refused only when no placement exists on it.
+//! The domain choices tried per node, by both together, are capped at 10,000 (only requests
+//! with many `nvlink_all` entries come near it); a node that needs more counts as not
+//! fitting.
 //!
 //! The answer is deterministic: the same input always gives the same placement.
 
