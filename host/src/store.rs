@@ -264,6 +264,8 @@ pub struct Batch {
     postgres: bool,
     /// A statement without parameters run first, uncounted ([`Batch::opening`]).
     opening: Option<&'static str>,
+    /// A scalar query read before the statements ([`Batch::execute_between`]).
+    before: Option<String>,
 }
 
 /// A parameter of a batched statement.
@@ -336,19 +338,16 @@ impl Batch {
             values: Vec::new(),
             postgres: conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME,
             opening: None,
+            before: None,
         }
     }
 
-    /// An empty batch that first runs `sql` (a statement without parameters and without a
-    /// count, such as `SAVEPOINT`) in the same round trip. SQLite only: a PostgreSQL batch
-    /// is one statement.
-    pub fn opening(conn: &AnyConnection, sql: &'static str) -> Batch {
-        let batch = Batch::on(conn);
-        assert!(!batch.postgres, "a PostgreSQL batch is one statement");
-        Batch {
-            opening: Some(sql),
-            ..batch
-        }
+    /// Runs `sql` (a statement without parameters and without a count, such as
+    /// `SAVEPOINT`) before the batch's statements, in the same round trip. SQLite only: a
+    /// PostgreSQL batch is one statement.
+    pub fn open_with(&mut self, sql: &'static str) {
+        assert!(!self.postgres, "a PostgreSQL batch is one statement");
+        self.opening = Some(sql);
     }
 
     /// Whether the batch runs on PostgreSQL (for statements written per dialect).
@@ -380,12 +379,30 @@ impl Batch {
         Ok((counts, read.expect("asked for")))
     }
 
+    /// Reads the scalar query `before` (an `i64`), runs the statements in order, then reads
+    /// `after`, in one round trip: answers how many rows each statement changed and what
+    /// the two reads read. SQLite only, whose statements run one after another (a
+    /// PostgreSQL batch is one statement with one snapshot).
+    pub async fn execute_between(
+        mut self,
+        conn: &mut AnyConnection,
+        before: &str,
+        after: &str,
+    ) -> sqlx::Result<(Vec<u64>, i64, i64)> {
+        assert!(!self.postgres, "a PostgreSQL batch is one statement");
+        self.before = Some(format!("SELECT CAST(({before}) AS BIGINT)"));
+        let (mut counts, after) = self.run(conn, Some(after)).await?;
+        let before = counts.remove(0) as i64;
+        Ok((counts, before, after.expect("asked for")))
+    }
+
     async fn run(
         self,
         conn: &mut AnyConnection,
         read: Option<&str>,
     ) -> sqlx::Result<(Vec<u64>, Option<i64>)> {
-        let n = self.statements.len();
+        // A read before the statements comes back as the first count.
+        let n = self.statements.len() + usize::from(self.before.is_some());
         let read_sql = read.map(|r| format!("CAST(({r}) AS BIGINT)"));
         let sql = match (self.postgres, n, &read_sql) {
             (_, 0, None) if self.opening.is_none() => return Ok((Vec::new(), None)),
@@ -396,6 +413,7 @@ impl Batch {
                 .join(";\n"),
             // Each statement's count follows it (rows changed by the statement before).
             (false, _, _) => (self.opening.iter().map(|s| s.to_string()))
+                .chain(self.before.clone())
                 .chain((self.statements.iter()).map(|s| format!("{s};\nSELECT changes()")))
                 .chain(read_sql.iter().map(|r| format!("SELECT {r}")))
                 .collect::<Vec<_>>()

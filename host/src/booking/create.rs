@@ -24,7 +24,7 @@ use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
 use crate::pools::store::{Offer, Pool};
 use crate::settings::Version;
-use crate::store::{Batch, violates};
+use crate::store::{Backend, Batch, violates};
 use crate::{App, Error, Result};
 
 /// Checks the request against what the pool is: its device classes, sharing mode and
@@ -296,11 +296,9 @@ async fn decide_and_place(
 /// it first.
 async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Result<bool> {
     let mut tx = app.store.begin().await?;
-    let batch = Batch::on(&tx);
-    if insert_draft(app, &mut tx, batch, caller, draft)
-        .await?
-        .is_none()
-    {
+    let mut batch = Batch::on(&tx);
+    push_draft(&mut batch, caller, draft);
+    if insert_draft(app, &mut tx, batch).await?.is_none() {
         tx.rollback().await?;
         return Ok(false);
     }
@@ -308,17 +306,20 @@ async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Resu
     Ok(true)
 }
 
-/// Inserts a new draft with its audit entry, and reads where the capacity feed stands for
-/// this transaction ([`crate::capacity::View::since`]), with what `batch` holds, in one
-/// round trip; `None` when the id exists: the caller rolls back (the entry was written).
-async fn insert_draft(
-    app: &App,
-    conn: &mut AnyConnection,
-    mut batch: Batch,
-    caller: &Principal,
-    draft: &Reservation,
-) -> Result<Option<Since>> {
-    store::push_insert(&mut batch, draft);
+/// Runs `batch`, which inserts a new draft ([`push_draft`]), and reads where the capacity
+/// feed stands for this transaction ([`crate::capacity::View::since`]), in one round trip;
+/// `None` when the id exists: the caller rolls back (the entry was written).
+async fn insert_draft(app: &App, conn: &mut AnyConnection, batch: Batch) -> Result<Option<Since>> {
+    let (rows, since) = batch.execute_then(conn, app.capacity.since_sql()).await?;
+    Ok((rows == DRAFT_ROWS).then(|| app.capacity.since_of(since)))
+}
+
+/// How many rows [`push_draft`]'s statements change when the id is new.
+const DRAFT_ROWS: [u64; 2] = [1, 1];
+
+/// Adds the insert of a new draft, with its audit entry, to `batch`.
+fn push_draft(batch: &mut Batch, caller: &Principal, draft: &Reservation) {
+    store::push_insert(batch, draft);
     let entry = Entry {
         org_id: &draft.tenant_id,
         action: "compute-reservation.draft",
@@ -327,9 +328,7 @@ async fn insert_draft(
         reason: None,
         details: Some(json!({ "request": draft.request })),
     };
-    audit::push(&mut batch, caller, entry, draft.created_at);
-    let (rows, since) = batch.execute_then(conn, app.capacity.since_sql()).await?;
-    Ok((rows == [1, 1]).then(|| app.capacity.since_of(since)))
+    audit::push(batch, caller, entry, draft.created_at);
 }
 
 fn confirmation_required(r: &Reservation) -> Error {
@@ -668,7 +667,7 @@ impl Writer {
         })
     }
 
-    /// The transaction to write in, once [`Writer::start`] (or [`Writer::batch`]) began
+    /// The transaction to write in, once [`Writer::start`] (or [`Writer::begin_in`]) began
     /// the writes.
     fn conn(&mut self) -> &mut AnyConnection {
         match self {
@@ -685,11 +684,11 @@ impl Writer {
         }
     }
 
-    /// A batch that begins the writes, unless they were begun, in its round trip.
-    fn batch(&mut self) -> Batch {
-        match self {
-            Writer::Member(member) => member.batch(),
-            Writer::Alone(tx) => Batch::on(tx),
+    /// Has `batch`, about to run, begin the writes unless they were begun, in its round
+    /// trip.
+    fn begin_in(&mut self, batch: &mut Batch) {
+        if let Writer::Member(member) = self {
+            member.begin_in(batch);
         }
     }
 
@@ -747,6 +746,13 @@ async fn write_placement(
         offer,
         stored,
     } = *placing;
+    // On SQLite, whose batches run their statements one after another, a new draft goes in
+    // the batch that writes its placement, so that the create writes in one round trip;
+    // unless the placement may write before that batch runs.
+    let draft_with_placement = !stored
+        && app.store.backend() == Backend::Sqlite
+        && !place::writes_at_once(&decided, attempt);
+    let mut draft = Batch::on(writer.conn());
     let since = if stored {
         writer.start().await?;
         let tx = writer.conn();
@@ -758,13 +764,19 @@ async fn write_placement(
         }
         r.version = current.version;
         r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id.take());
-        app.capacity.since(tx).await?
+        Some(app.capacity.since(tx).await?)
     } else {
-        let batch = writer.batch();
-        let Some(since) = insert_draft(app, writer.conn(), batch, caller, r).await? else {
-            return Ok(Written::Done(None));
-        };
-        since
+        push_draft(&mut draft, caller, r);
+        if draft_with_placement {
+            None
+        } else {
+            let mut batch = std::mem::replace(&mut draft, Batch::on(writer.conn()));
+            writer.begin_in(&mut batch);
+            let Some(since) = insert_draft(app, writer.conn(), batch).await? else {
+                return Ok(Written::Done(None));
+            };
+            Some(since)
+        }
     };
     let tx = writer.conn();
     if let Some(spent) = terms.spent {
@@ -781,8 +793,11 @@ async fn write_placement(
     // quota) are taken in the order a reclaim takes them, so the two never deadlock. The
     // bookings are written with what follows, in its round trip.
     let mut deferred = place::Deferred {
-        batch: Batch::on(tx),
-        expect: Vec::new(),
+        batch: draft,
+        expect: match since {
+            None => DRAFT_ROWS.to_vec(),
+            Some(_) => Vec::new(),
+        },
     };
     // What to decide again from if the bookings lose in the final round trip, after the
     // placement marked `r` placed.
@@ -818,13 +833,27 @@ async fn write_placement(
     let laying = place::laying(app, r, &preempted, now).await;
     // A booking loses to one the view had not seen (an overlap), or to a unit no longer on
     // its node (fewer rows).
-    let written = match batch.execute_then(tx, app.capacity.since_sql()).await {
-        Ok((rows, until)) if rows[..expect.len()] == expect[..] => Some((rows, until)),
+    writer.begin_in(&mut batch);
+    let tx = writer.conn();
+    let feed = app.capacity.since_sql();
+    let executed = match since {
+        Some(since) => (batch.execute_then(tx, feed).await).map(|(rows, until)| (rows, since, until)),
+        None => (batch.execute_between(tx, feed, feed).await)
+            .map(|(rows, after, until)| (rows, app.capacity.since_of(after), until)),
+    };
+    let written = match executed {
+        // The draft went in with the placement, and its id was taken meanwhile.
+        Ok((rows, ..)) if since.is_none() && rows[..DRAFT_ROWS.len()] != DRAFT_ROWS => {
+            return Ok(Written::Done(None));
+        }
+        Ok((rows, since, until)) if rows[..expect.len()] == expect[..] => {
+            Some((rows, since, until))
+        }
         Ok(_) => None,
         Err(err) if violates(&err, "bookings_no_overlap") => None,
         Err(err) => return Err(err.into()),
     };
-    let Some((rows, until)) = written else {
+    let Some((rows, since, until)) = written else {
         let nodes = r.node_ids();
         *r = unplaced;
         return Ok(Written::Lost(nodes));

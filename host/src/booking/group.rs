@@ -18,7 +18,7 @@
 //! A member's savepoint is never released: the next member's is taken on top of it, each
 //! rolled back to by name (the most recent of that name), and the commit releases them
 //! all, which spares a round trip per member. On SQLite the savepoint is taken in the
-//! member's first batch of statements ([`Member::batch`]), sparing another.
+//! member's first batch of statements ([`Member::begin_in`]), sparing another.
 //!
 //! The commit runs in a task of its own: a create whose client goes away while the group
 //! commits cancels nothing. A member that goes away before it is done is rolled back to its
@@ -168,7 +168,7 @@ impl Member {
     }
 
     /// The group's transaction, to write this member's placement in: [`Member::start`]
-    /// (or [`Member::batch`]) first.
+    /// (or [`Member::begin_in`]) first.
     pub(crate) fn conn(&mut self) -> &mut AnyConnection {
         &mut self.open().tx
     }
@@ -182,12 +182,11 @@ impl Member {
         Ok(())
     }
 
-    /// A batch for the member's statements, which takes its savepoint first if it was not
-    /// taken (in the same round trip).
-    pub(crate) fn batch(&mut self) -> Batch {
-        match std::mem::replace(&mut self.started, true) {
-            true => Batch::on(self.conn()),
-            false => Batch::opening(self.conn(), SAVEPOINT),
+    /// Has `batch`, about to run, take this member's savepoint first (in its round trip)
+    /// unless it was taken.
+    pub(crate) fn begin_in(&mut self, batch: &mut Batch) {
+        if !std::mem::replace(&mut self.started, true) {
+            batch.open_with(SAVEPOINT);
         }
     }
 

@@ -234,6 +234,15 @@ fn decide_one(
     }))
 }
 
+/// Whether [`try_place`] may write on `decided` before the caller's batch runs: the last
+/// attempt books at once, and a preemption terminates spot work first.
+pub(super) fn writes_at_once(decided: &Decided, attempt: u32) -> bool {
+    match decided {
+        Decided::Chosen(_) => attempt + 1 == PLACE_ATTEMPTS,
+        Decided::NoFit { spot_nodes, .. } => !spot_nodes.is_empty(),
+    }
+}
+
 /// Places `r` in `conn`'s transaction as `decided` (made on the view, outside it): books
 /// the choice, or, when it does not fit, lets spot work give way or marks it `pending`
 /// (`Unschedulable`, retried every 30 s; `Queued` in a pool-lease pool). A pool-lease queue
