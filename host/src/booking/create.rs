@@ -837,7 +837,9 @@ async fn write_placement(
     let tx = writer.conn();
     let feed = app.capacity.since_sql();
     let executed = match since {
-        Some(since) => (batch.execute_then(tx, feed).await).map(|(rows, until)| (rows, since, until)),
+        Some(since) => {
+            (batch.execute_then(tx, feed).await).map(|(rows, until)| (rows, since, until))
+        }
         None => (batch.execute_between(tx, feed, feed).await)
             .map(|(rows, after, until)| (rows, app.capacity.since_of(after), until)),
     };
