@@ -4,8 +4,9 @@
 //! The preemptor must agree with the placer exactly: a node it frees must be one the placer
 //! then places on, and it must not terminate more than the placer needs. So this follows the
 //! placer's search step for step (entry order, domain order, units taken within a domain,
-//! the cap on domain choices) and leaves out only what ranks placements against each other.
-//! The tests check the two agree on generated inputs.
+//! the cap on domain choices, the exact search it falls back on when its greedy one finds
+//! nothing) and leaves out only what ranks placements against each other. The tests check
+//! the two agree on generated inputs.
 
 use std::cmp::Reverse;
 
@@ -28,7 +29,8 @@ pub(crate) fn fits(req: &Request, node: &Node) -> bool {
         units,
         tries: 0,
     };
-    search.solve(&entry_order(req), 0)
+    let order = entry_order(req);
+    search.solve(&order, 0) || search.solve_exactly(&order)
 }
 
 /// What the request asks for, for a reason: `6 free gpu units of model H100 in one NVLink
@@ -163,6 +165,78 @@ impl Search<'_> {
             .filter(|&i| self.taken[i] && self.units[i].nvlink_domain == Some(domain))
             .count() as u32;
         self.node.domain_busy(domain).saturating_add(taken_here)
+    }
+
+    /// The placer's exact search: the domains of the `nvlink_all` entries in the same order
+    /// (nothing taken), each choice counted against the same cap, passed over when no
+    /// assignment of entries to units serves every entry under the choices so far.
+    fn solve_exactly(&mut self, order: &[usize]) -> bool {
+        let mut domains = vec![None; order.len()];
+        self.assignable(order, &domains) && self.choose_domains(order, &mut domains, 0)
+    }
+
+    fn choose_domains(&mut self, order: &[usize], domains: &mut [Option<u32>], p: usize) -> bool {
+        let Some(&entry_index) = order.get(p) else {
+            return true;
+        };
+        let entry = &self.req.devices[entry_index];
+        if !entry.nvlink_all {
+            return true;
+        }
+        let open: Vec<usize> = self.open_units(entry).collect();
+        for domain in self.domain_candidates(entry, &open) {
+            self.tries += 1;
+            if self.tries > MAX_DOMAIN_TRIES {
+                break;
+            }
+            domains[p] = Some(domain);
+            if self.assignable(order, domains) && self.choose_domains(order, domains, p + 1) {
+                return true;
+            }
+        }
+        domains[p] = None;
+        false
+    }
+
+    /// Whether every entry of `order` gets its count of units, an `nvlink_all` entry in
+    /// the domain chosen for it (any domain while none is): a maximum assignment built by
+    /// augmenting paths.
+    fn assignable(&self, order: &[usize], domains: &[Option<u32>]) -> bool {
+        let mut owner = vec![usize::MAX; self.units.len()];
+        order.iter().enumerate().all(|(p, &i)| {
+            (0..self.req.devices[i].count).all(|_| {
+                let mut seen = vec![false; self.units.len()];
+                self.augment(order, domains, &mut owner, &mut seen, p)
+            })
+        })
+    }
+
+    fn augment(
+        &self,
+        order: &[usize],
+        domains: &[Option<u32>],
+        owner: &mut [usize],
+        seen: &mut [bool],
+        p: usize,
+    ) -> bool {
+        let entry = &self.req.devices[order[p]];
+        for k in 0..self.units.len() {
+            let unit = self.units[k];
+            let accepts = entry.accepts(unit)
+                && (!entry.nvlink_all
+                    || unit.nvlink_domain.is_some()
+                        && domains[p].is_none_or(|d| unit.nvlink_domain == Some(d)));
+            if seen[k] || !accepts {
+                continue;
+            }
+            seen[k] = true;
+            let q = owner[k];
+            if q == usize::MAX || self.augment(order, domains, owner, seen, q) {
+                owner[k] = p;
+                return true;
+            }
+        }
+        false
     }
 
     fn set(&mut self, picked: &[usize], taken: bool) {
