@@ -355,6 +355,14 @@ impl Batch {
         self.postgres
     }
 
+    /// Whether its statements run one after another, each seeing what the ones before it
+    /// wrote, under the database's one writer (SQLite): a check can then be a statement of
+    /// the batch, or a condition on one, instead of a round trip before it. A PostgreSQL
+    /// batch is one statement with one snapshot.
+    pub fn sequential(&self) -> bool {
+        !self.postgres
+    }
+
     /// Adds `sql`, whose parameters `$1…` are `values`.
     pub fn push(&mut self, sql: &str, values: Vec<Value>) -> &mut Batch {
         self.statements.push(renumber(sql, self.values.len()));

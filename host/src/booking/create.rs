@@ -24,7 +24,7 @@ use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
 use crate::pools::store::{Offer, Pool};
 use crate::settings::Version;
-use crate::store::{Backend, Batch, violates};
+use crate::store::{Batch, violates};
 use crate::{App, Error, Result};
 
 /// Checks the request against what the pool is: its device classes, sharing mode and
@@ -676,19 +676,27 @@ impl Writer {
         }
     }
 
-    /// Begins the writes (a member's savepoint).
+    /// Begins the writes (a member's savepoint) now, unless they were begun.
     async fn start(&mut self) -> Result<()> {
         match self {
-            Writer::Member(member) => member.start().await,
+            Writer::Member(member) => match member.savepoint_due() {
+                Some(savepoint) => {
+                    sqlx::Executor::execute(member.conn(), savepoint).await?;
+                    Ok(())
+                }
+                None => Ok(()),
+            },
             Writer::Alone(_) => Ok(()),
         }
     }
 
-    /// Has `batch`, about to run, begin the writes unless they were begun, in its round
-    /// trip.
+    /// Has `batch`, about to run, begin the writes in its round trip, unless they were
+    /// begun.
     fn begin_in(&mut self, batch: &mut Batch) {
-        if let Writer::Member(member) = self {
-            member.begin_in(batch);
+        if let Writer::Member(member) = self
+            && let Some(savepoint) = member.savepoint_due()
+        {
+            batch.open_with(savepoint);
         }
     }
 
@@ -746,13 +754,12 @@ async fn write_placement(
         offer,
         stored,
     } = *placing;
-    // On SQLite, whose batches run their statements one after another, a new draft goes in
-    // the batch that writes its placement, so that the create writes in one round trip;
-    // unless the placement may write before that batch runs.
-    let draft_with_placement = !stored
-        && app.store.backend() == Backend::Sqlite
-        && !place::writes_at_once(&decided, attempt);
+    // Where a batch runs its statements one after another, a new draft goes in the batch
+    // that writes its placement, so that the create writes in one round trip; unless the
+    // placement may write before that batch runs.
     let mut draft = Batch::on(writer.conn());
+    let draft_with_placement =
+        !stored && draft.sequential() && !place::writes_at_once(&decided, attempt);
     let since = if stored {
         writer.start().await?;
         let tx = writer.conn();

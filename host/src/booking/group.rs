@@ -18,7 +18,7 @@
 //! A member's savepoint is never released: the next member's is taken on top of it, each
 //! rolled back to by name (the most recent of that name), and the commit releases them
 //! all, which spares a round trip per member. On SQLite the savepoint is taken in the
-//! member's first batch of statements ([`Member::begin_in`]), sparing another.
+//! member's first batch of statements ([`Member::savepoint_due`]), sparing another.
 //!
 //! The commit runs in a task of its own: a create whose client goes away while the group
 //! commits cancels nothing. A member that goes away before it is done is rolled back to its
@@ -33,7 +33,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::engine::Laying;
 use crate::capacity::{Edit, Since, View};
-use crate::store::{Backend, Batch, Store, Tx};
+use crate::store::{Backend, Store, Tx};
 use crate::{Error, Result};
 
 /// The most creates one commit takes, so that the first of a group waits little.
@@ -141,9 +141,10 @@ impl Group {
                 done: watch::channel(None).0,
             });
         }
-        if store.backend() == Backend::Postgres {
-            execute(member.conn(), SAVEPOINT).await?;
-            member.started = true;
+        if store.backend() == Backend::Postgres
+            && let Some(savepoint) = member.savepoint_due()
+        {
+            execute(member.conn(), savepoint).await?;
         }
         Ok(member)
     }
@@ -167,27 +168,16 @@ impl Member {
         (self.guard.as_mut().and_then(|g| g.as_mut())).expect("a member holds an open group")
     }
 
-    /// The group's transaction, to write this member's placement in: [`Member::start`]
-    /// (or [`Member::begin_in`]) first.
+    /// The group's transaction, to write this member's placement in: [`Member::savepoint_due`]
+    /// first.
     pub(crate) fn conn(&mut self) -> &mut AnyConnection {
         &mut self.open().tx
     }
 
-    /// Takes this member's savepoint now, unless it was taken.
-    pub(crate) async fn start(&mut self) -> Result<()> {
-        if !self.started {
-            self.started = true;
-            execute(self.conn(), SAVEPOINT).await?;
-        }
-        Ok(())
-    }
-
-    /// Has `batch`, about to run, take this member's savepoint first (in its round trip)
-    /// unless it was taken.
-    pub(crate) fn begin_in(&mut self, batch: &mut Batch) {
-        if !std::mem::replace(&mut self.started, true) {
-            batch.open_with(SAVEPOINT);
-        }
+    /// The statement that begins this member's writes (its savepoint), once: the caller
+    /// runs it before anything else it writes.
+    pub(crate) fn savepoint_due(&mut self) -> Option<&'static str> {
+        (!std::mem::replace(&mut self.started, true)).then_some(SAVEPOINT)
     }
 
     /// Keeps this member's writes: they commit with the group, and `laying` (read in the

@@ -361,36 +361,41 @@ pub(super) async fn book(
         claimed,
     } = chosen;
     let nodes = |members: &[Member]| members.iter().map(|m| m.node_id.clone()).collect();
-    // On SQLite, whose one writer is the node's lock, the check of a node without node
-    // reservations goes into the batch that writes the bookings ([`NodeRoom`]).
-    let checked_in_batch =
-        app.store.backend() == Backend::Sqlite && !claimed && matches!(write, Write::Into(_));
-    // Nodes in id order, so that two placements sharing nodes never wait for each other.
-    let mut order: Vec<&Member> = members.iter().collect();
-    order.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-    for member in order.into_iter().filter(|_| !checked_in_batch) {
-        let allowed = match node_check(app, conn, r, &member.node_id, now).await? {
-            NodeCheck::NoRoom => false,
-            NodeCheck::Room { claimed: false } => true,
-            NodeCheck::Room { claimed: true } => {
-                Snapshot::rights_still_allow(
-                    conn,
-                    app.store.for_share(),
-                    r,
-                    &member.node_id,
-                    &member.unit_ids,
-                    now,
-                )
-                .await?
+    // Where the batch's statements run in turn under the one writer, which is then the
+    // node's lock, a node without node reservations is checked by the statement that books
+    // its units ([`node_room`]).
+    let checked_in_batch = match &write {
+        Write::Into(deferred) => !claimed && deferred.batch.sequential(),
+        Write::Now { .. } => false,
+    };
+    if !checked_in_batch {
+        // Nodes in id order, so that two placements sharing nodes never wait for each other.
+        let mut order: Vec<&Member> = members.iter().collect();
+        order.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        for member in order {
+            let allowed = match node_check(app, conn, r, &member.node_id, now).await? {
+                NodeCheck::NoRoom => false,
+                NodeCheck::Room { claimed: false } => true,
+                NodeCheck::Room { claimed: true } => {
+                    Snapshot::rights_still_allow(
+                        conn,
+                        app.store.for_share(),
+                        r,
+                        &member.node_id,
+                        &member.unit_ids,
+                        now,
+                    )
+                    .await?
+                }
+            };
+            if !allowed {
+                return Ok(Attempt::Lost(nodes(&members)));
             }
-        };
-        if !allowed {
-            return Ok(Attempt::Lost(nodes(&members)));
         }
     }
     let written = match write {
         Write::Into(deferred) => {
-            let room = checked_in_batch.then(|| NodeRoom::sql(r.resources));
+            let room = checked_in_batch.then(|| node_room(r.resources));
             for m in &members {
                 let share = app.provider_share_bps;
                 let rows = store::push_bookings(
@@ -495,9 +500,9 @@ async fn node_check(
                 CAST(CASE WHEN EXISTS (SELECT 1 FROM node_reservations nr WHERE nr.node_id = n.id)
                           THEN 1 ELSE 0 END AS BIGINT) AS claimed
          FROM nodes n WHERE n.id = $1",
-        booked_host("vcpu"),
-        booked_host("memory_gib"),
-        booked_host("hugepages_1gi"),
+        booked_host("vcpu", NODE_CHECK_PARAMS),
+        booked_host("memory_gib", NODE_CHECK_PARAMS),
+        booked_host("hugepages_1gi", NODE_CHECK_PARAMS),
     ))
     .bind(node_id)
     .bind(true)
@@ -526,14 +531,12 @@ async fn node_check(
     })
 }
 
-/// The host resource `column` booked on node `n` over the window `$5`–`$4` by reservations
-/// other than `$3` (`$2`: active bookings).
-fn booked_host(column: &str) -> String {
-    booked_host_with(column, ["$2", "$3", "$4", "$5"])
-}
+/// [`booked_host`]'s parameters in [`node_check`]'s statement.
+const NODE_CHECK_PARAMS: [&str; 4] = ["$2", "$3", "$4", "$5"];
 
-/// [`booked_host`] with the parameters `[active, reservation, end, start]` named.
-fn booked_host_with(column: &str, [active, id, end, start]: [&str; 4]) -> String {
+/// The host resource `column` booked on node `n` over the window `start`–`end` by
+/// reservations other than `id` (`active`: true), each named by its parameter.
+fn booked_host(column: &str, [active, id, end, start]: [&str; 4]) -> String {
     format!(
         "(SELECT CAST(COALESCE(SUM(h.{column}), 0) AS BIGINT) FROM host_bookings h
           WHERE h.node_id = n.id AND h.active = {active} AND h.reservation_id <> {id} AND h.start_ms < {end} AND h.end_ms > {start})"
@@ -541,37 +544,32 @@ fn booked_host_with(column: &str, [active, id, end, start]: [&str; 4]) -> String
 }
 
 /// What [`node_check`] checks of a node without node reservations, as a condition on the
-/// statement that books its units ([`store::push_bookings`]): the node still reports, holds
-/// no node reservation, and has room for the host resources over the window. A node that
-/// fails it books no unit, which shows as a lost decision.
-struct NodeRoom;
-
-impl NodeRoom {
-    /// The condition, in the parameters of [`store::push_bookings`]'s statement (`$1` the
-    /// reservation, `$2` the node, `$3`–`$4` the window, `$6` true).
-    fn sql(want: HostBooking) -> String {
-        let params = ["$6", "$1", "$4", "$3"];
-        let fits = |column: &str, want: i64| {
-            format!(
-                " AND {} + {want} <= n.host_{column}",
-                booked_host_with(column, params)
-            )
-        };
-        let host = match want == HostBooking::default() {
-            true => String::new(),
-            false => [
-                fits("vcpu", want.vcpu),
-                fits("memory_gib", want.memory_gib),
-                fits("hugepages_1gi", want.hugepages_1gi),
-            ]
-            .concat(),
-        };
+/// statement that books its units ([`store::push_bookings`]; `$1` the reservation, `$2` the
+/// node, `$3`–`$4` the window, `$6` true): the node still reports, holds no node
+/// reservation, and has room for `want` over the window. A node that fails it books no
+/// unit, which shows as a lost decision.
+fn node_room(want: HostBooking) -> String {
+    let params = ["$6", "$1", "$4", "$3"];
+    let fits = |column: &str, want: i64| {
         format!(
-            "EXISTS (SELECT 1 FROM nodes n WHERE n.id = $2 AND n.lost_at IS NULL
-                       AND NOT EXISTS (SELECT 1 FROM node_reservations nr
-                                       WHERE nr.node_id = n.id AND nr.lifecycle <> 'cancelled'){host})"
+            " AND {} + {want} <= n.host_{column}",
+            booked_host(column, params)
         )
-    }
+    };
+    let host = match want == HostBooking::default() {
+        true => String::new(),
+        false => [
+            fits("vcpu", want.vcpu),
+            fits("memory_gib", want.memory_gib),
+            fits("hugepages_1gi", want.hugepages_1gi),
+        ]
+        .concat(),
+    };
+    format!(
+        "EXISTS (SELECT 1 FROM nodes n WHERE n.id = $2 AND n.lost_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM node_reservations nr
+                                   WHERE nr.node_id = n.id AND nr.lifecycle <> 'cancelled'){host})"
+    )
 }
 
 /// Retries placing a pending reservation (the reconciler's and the wake-up's path).
