@@ -7,7 +7,9 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, T0, assert_error, on_both_databases, register_node};
+use crate::support::{
+    Api, Db, Server, T0, assert_error, list_params, on_both_databases, pages, register_node,
+};
 
 const MIN: i64 = 60_000;
 const HOUR: i64 = 60 * MIN;
@@ -775,30 +777,12 @@ async fn a_nodes_bindings_page_oldest_request_first(db: Db) {
     expected.sort();
     expected.push(late["id"].as_str().unwrap().to_string());
 
-    let mut paged = Vec::new();
-    let mut path = "/v1/nodes/n1/bindings?limit=2".to_string();
-    let mut pages = 0;
-    loop {
-        let (status, page) = w.agent.get(&path).await;
-        assert_eq!(status, StatusCode::OK, "{page}");
-        pages += 1;
-        let items = page["items"].as_array().unwrap();
-        assert!(items.len() <= 2, "{page}");
-        assert!(items.iter().all(|b| b["action"] == "bind"), "{page}");
-        paged.extend(
-            items
-                .iter()
-                .map(|b| b["reservationId"].as_str().unwrap().to_string()),
-        );
-        match page["cursor"].as_str() {
-            Some(cursor) => {
-                assert_eq!(items.last().unwrap()["reservationId"], cursor);
-                path = format!("/v1/nodes/n1/bindings?limit=2&cursor={cursor}");
-            }
-            None => break,
-        }
-    }
-    assert_eq!(pages, 2, "two full pages, the last without a cursor");
+    let (_, all) = w.agent.get("/v1/nodes/n1/bindings").await;
+    let all = all["items"].as_array().unwrap();
+    assert!(all.iter().all(|b| b["action"] == "bind"), "{all:?}");
+    let paged = pages(&w.agent, "/v1/nodes/n1/bindings", 2, "reservationId").await;
+    assert_eq!(paged.len(), 2, "two full pages, the last without a cursor");
+    let paged: Vec<String> = paged.concat();
     assert_eq!(paged, expected, "oldest request first, then by id");
 
     // What the node has answered leaves the list; the cursor of a page still continues it.
@@ -829,13 +813,8 @@ async fn a_nodes_bindings_page_oldest_request_first(db: Db) {
         let (status, err) = w.agent.get(&format!("/v1/nodes/n1/bindings?{bad}")).await;
         assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
     }
-    let (_, doc) = w.server.anonymous().get("/openapi.json").await;
-    let list = &doc["paths"]["/v1/nodes/{nodeId}/bindings"]["get"];
-    let params: Vec<&str> = list["parameters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
-    assert_eq!(params, ["nodeId", "limit", "cursor"], "{list}");
+    assert_eq!(
+        list_params(&w.server, "/v1/nodes/{nodeId}/bindings").await,
+        ["nodeId", "limit", "cursor"]
+    );
 }

@@ -317,9 +317,15 @@ async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
         .collect();
     assert_eq!(reserved.len(), 2);
 
-    let plugins = data(&w.server.admin(), "{ plugins { id name builtIn createdAt assignedTo decisionCount failureCount decisions { world outcome count } } }", json!({})).await;
+    let plugins = data(&w.server.admin(), "{ plugins { pageInfo { hasNextPage } edges { node { id name builtIn createdAt assignedTo decisionCount failureCount decisions { world outcome count } } } } }", json!({})).await;
     let (_, rest_plugins) = w.server.admin().get("/v1/plugins").await;
-    let plugins = plugins["plugins"].as_array().unwrap();
+    assert_eq!(plugins["plugins"]["pageInfo"]["hasNextPage"], false);
+    let plugins: Vec<&Value> = plugins["plugins"]["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["node"])
+        .collect();
     assert_eq!(plugins.len(), 3, "the built-ins: {plugins:?}");
     for (plugin, listed) in plugins
         .iter()
@@ -337,7 +343,12 @@ async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
         );
     }
     assert_eq!(
-        error_code(&w.tenant, "{ plugins { id } }", json!({})).await,
+        error_code(
+            &w.tenant,
+            "{ plugins { edges { node { id } } } }",
+            json!({})
+        )
+        .await,
         "NOT_FOUND"
     );
 

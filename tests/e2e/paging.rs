@@ -1,11 +1,11 @@
-//! The one pagination scheme on the lists of pools, offers, API keys and confirmation
-//! requests: `limit` and the `cursor` of the previous answer in, `items` and a `cursor`
+//! The one pagination scheme on the lists of pools, offers, plugins, API keys and
+//! confirmation requests: `limit` and the `cursor` of the previous answer in, `items` and a `cursor`
 //! while more remain out.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, T0, assert_error, on_both_databases, register_node};
+use crate::support::{Api, Db, Server, T0, assert_error, on_both_databases, pages, register_node};
 
 on_both_databases!(
     pools_and_offers_page_by_id_and_an_exactly_full_last_page_has_no_cursor,
@@ -15,6 +15,7 @@ on_both_databases!(
     an_orgs_node_reservations_page_over_graphql,
     pools_and_offers_page_over_graphql_as_over_rest,
     a_nodes_reservations_page_over_graphql_as_each_reader_sees_them,
+    plugins_page_over_graphql_as_over_rest,
 );
 
 /// Every page of the GraphQL connection `field` of `query` (which takes `$first` and
@@ -152,6 +153,59 @@ async fn pools_and_offers_page_over_graphql_as_over_rest(db: Db) {
     }
 }
 
+/// GraphQL `plugins` pages as `GET /v1/plugins` does: by id, the built-ins among the
+/// uploaded plugins, the cursor an id; the same ids on the same pages at every size.
+async fn plugins_page_over_graphql_as_over_rest(db: Db) {
+    let w = crate::plugins::world(db).await;
+    for file in ["orl_placer_spread.wasm", "trap.wasm", "preempt_oldest.wasm"] {
+        w.upload(file).await;
+    }
+    let query = "query($first: Int, $after: String) { plugins(first: $first, after: $after) { edges { cursor node { id } } pageInfo { hasNextPage endCursor } } }";
+    let admin = w.server.admin();
+    let operator = w
+        .server
+        .as_key(&w.server.key_in("acme", json!({ "role": "operator" })).await);
+    for api in [&admin, &operator] {
+        for first in [1, 2, 4, 6, 500] {
+            let rest = pages(api, "/v1/plugins", first.min(200), "id").await;
+            assert_eq!(
+                graphql_pages(api, query, &["plugins"], "id", first).await,
+                rest,
+                "first {first}: the pages REST answers"
+            );
+        }
+    }
+    let every = pages(&admin, "/v1/plugins", 200, "id").await.concat();
+    assert_eq!(every.len(), 6, "three built-in, three uploaded: {every:?}");
+    let (_, body) = w
+        .tenant
+        .post(
+            "/graphql",
+            json!({ "query": query, "variables": { "first": 2 } }),
+        )
+        .await;
+    assert_eq!(
+        body["errors"][0]["extensions"]["code"], "NOT_FOUND",
+        "{body}"
+    );
+    for (first, after) in [
+        (0, Value::Null),
+        (501, Value::Null),
+        (2, json!("has space")),
+    ] {
+        let (_, body) = admin
+            .post(
+                "/graphql",
+                json!({ "query": query, "variables": { "first": first, "after": after } }),
+            )
+            .await;
+        assert_eq!(
+            body["errors"][0]["extensions"]["code"], "INVALID_INPUT",
+            "{body}"
+        );
+    }
+}
+
 async fn a_nodes_reservations_page_over_graphql_as_each_reader_sees_them(db: Db) {
     let server = Server::start(db).await;
     let provider = server.org_with_key("acme", "provider").await;
@@ -249,41 +303,6 @@ async fn a_nodes_reservations_page_over_graphql_as_each_reader_sees_them(db: Db)
         body["errors"][0]["extensions"]["code"], "NOT_FOUND",
         "{body}"
     );
-}
-
-/// Every page of `path` at `limit`, as the ids (`field`) of each page's items. Each page
-/// but the last must be full and carry a cursor; the last carries none.
-async fn pages(api: &Api, path: &str, limit: usize, field: &str) -> Vec<Vec<String>> {
-    let separator = if path.contains('?') { '&' } else { '?' };
-    let mut pages = Vec::new();
-    let mut next = format!("{path}{separator}limit={limit}");
-    loop {
-        let (status, page) = api.get(&next).await;
-        assert_eq!(status, StatusCode::OK, "{next}: {page}");
-        let ids: Vec<String> = page["items"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{next} answers no items: {page}"))
-            .iter()
-            .map(|item| item[field].as_str().unwrap().to_string())
-            .collect();
-        assert!(ids.len() <= limit, "{next}: {page}");
-        pages.push(ids);
-        match page.get("cursor") {
-            None => break,
-            Some(cursor) => {
-                let cursor = cursor.as_str().unwrap();
-                assert_eq!(
-                    pages.last().unwrap().len(),
-                    limit,
-                    "a page with a cursor is full"
-                );
-                assert_eq!(cursor, pages.last().unwrap().last().unwrap(), "{page}");
-                next = format!("{path}{separator}limit={limit}&cursor={cursor}");
-            }
-        }
-        assert!(pages.len() <= 20, "the cursor must end: {pages:?}");
-    }
-    pages
 }
 
 async fn create_pool(server: &Server, name: &str) -> String {

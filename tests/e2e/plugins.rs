@@ -4,7 +4,9 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, assert_error, component, on_both_databases, register_node};
+use crate::support::{
+    Api, Db, Server, assert_error, component, list_params, on_both_databases, pages, register_node,
+};
 
 /// A provider with three 8-GPU nodes in two pools (`n1`, `n2` and `n3`), each offered to
 /// `tenant-a` with a quota of 64 GPUs.
@@ -580,26 +582,9 @@ async fn plugins_page_by_id_with_the_built_ins_among_them(db: Db) {
         assert!(plugin["createdAt"].is_string(), "{plugin}");
     }
 
-    let mut paged = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let path = match &cursor {
-            Some(c) => format!("/v1/plugins?limit=4&cursor={}", c.replace(':', "%3A")),
-            None => "/v1/plugins?limit=4".to_string(),
-        };
-        let (status, page) = admin.get(&path).await;
-        assert_eq!(status, StatusCode::OK, "{page}");
-        let items = page["items"].as_array().unwrap();
-        assert!(items.len() <= 4, "{page}");
-        paged.extend(items.iter().map(|p| p["id"].as_str().unwrap().to_string()));
-        match page["cursor"].as_str() {
-            Some(next) => {
-                assert_eq!(Some(&json!(next)), items.last().map(|p| &p["id"]));
-                cursor = Some(next.to_string());
-            }
-            None => break,
-        }
-    }
+    let paged = pages(&admin, "/v1/plugins", 4, "id").await;
+    assert_eq!(paged.len(), 2, "a full page and the rest: {paged:?}");
+    let paged: Vec<String> = paged.concat();
     assert_eq!(paged, all, "the pages hold every plugin once, in order");
     let (_, exact) = admin.get("/v1/plugins?limit=6").await;
     assert!(
@@ -614,15 +599,11 @@ async fn plugins_page_by_id_with_the_built_ins_among_them(db: Db) {
         let (status, err) = admin.get(bad).await;
         assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
     }
+    assert_eq!(
+        list_params(&w.server, "/v1/plugins").await,
+        ["limit", "cursor"]
+    );
     let (_, doc) = w.server.anonymous().get("/openapi.json").await;
-    let list = &doc["paths"]["/v1/plugins"]["get"];
-    let params: Vec<&str> = list["parameters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
-    assert_eq!(params, ["limit", "cursor"], "{list}");
     let plugin = &doc["components"]["schemas"]["Plugin"];
     assert!(plugin["properties"].get("builtIn").is_some(), "{plugin}");
 }

@@ -561,6 +561,54 @@ pub async fn register_node(api: &Api, org: &str, node: &str, gpus: usize) -> Val
     body
 }
 
+/// Every page of the REST list `path` at `limit`, following each answer's `cursor`, as the
+/// ids (`field`) of each page's items. Each page but the last must be full and carry a
+/// cursor, the id of its last item; the last carries none.
+pub async fn pages(api: &Api, path: &str, limit: usize, field: &str) -> Vec<Vec<String>> {
+    let separator = if path.contains('?') { '&' } else { '?' };
+    let mut pages = Vec::new();
+    let mut next = format!("{path}{separator}limit={limit}");
+    loop {
+        let (status, page) = api.get(&next).await;
+        assert_eq!(status, StatusCode::OK, "{next}: {page}");
+        let ids: Vec<String> = page["items"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{next} answers no items: {page}"))
+            .iter()
+            .map(|item| item[field].as_str().unwrap().to_string())
+            .collect();
+        assert!(ids.len() <= limit, "{next}: {page}");
+        pages.push(ids);
+        match page.get("cursor") {
+            None => break,
+            Some(cursor) => {
+                let cursor = cursor.as_str().unwrap();
+                assert_eq!(
+                    pages.last().unwrap().len(),
+                    limit,
+                    "a page with a cursor is full"
+                );
+                assert_eq!(cursor, pages.last().unwrap().last().unwrap(), "{page}");
+                next = format!("{path}{separator}limit={limit}&cursor={cursor}");
+            }
+        }
+        assert!(pages.len() <= 20, "the cursor must end: {pages:?}");
+    }
+    pages
+}
+
+/// The names of the parameters `/openapi.json` documents for `GET path`, in order.
+pub async fn list_params(server: &Server, path: &str) -> Vec<String> {
+    let (_, doc) = server.anonymous().get("/openapi.json").await;
+    let list = &doc["paths"][path]["get"];
+    list["parameters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("GET {path} documents no parameters: {list}"))
+        .iter()
+        .filter_map(|p| p["name"].as_str().map(str::to_string))
+        .collect()
+}
+
 /// The number of audit entries the ops admin can see.
 pub async fn audit_count(server: &Server) -> usize {
     let mut count = 0;

@@ -446,11 +446,18 @@ async fn plugins_name_only_the_pools_the_caller_sees(db: Db) {
             let (status, single) = api.get(&one).await;
             assert_eq!(status, StatusCode::OK, "{single}");
             assert_eq!(single["assignedTo"], listed["assignedTo"]);
-            let graphql = graphql(&api, "{ plugins { builtIn assignedTo } }").await;
-            assert_eq!(
-                uploaded(&graphql["plugins"])["assignedTo"],
-                listed["assignedTo"]
-            );
+            let graphql = graphql(
+                &api,
+                "{ plugins { edges { node { builtIn assignedTo } } } }",
+            )
+            .await;
+            let nodes: Vec<Value> = graphql["plugins"]["edges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["node"].clone())
+                .collect();
+            assert_eq!(uploaded(&json!(nodes))["assignedTo"], listed["assignedTo"]);
             listed["assignedTo"].clone()
         }
     };

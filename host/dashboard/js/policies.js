@@ -2,7 +2,7 @@
 // decision and failure counts. Plugin names come from the plugin list when the key may
 // read it; otherwise the plugin's content hash is shown.
 
-import { describe, gql, gqlAll } from "./api.js";
+import { describe, gqlAll } from "./api.js";
 import { esc } from "./format.js";
 
 const QUERY = `query($after: String) { pools(first: 100, after: $after) {
@@ -10,7 +10,9 @@ const QUERY = `query($after: String) { pools(first: 100, after: $after) {
   edges { node { id name archived
     policies { onPolicyFailure deadlineMs }
     deciders { kind world pluginId builtIn decisionCount failureCount } } } } }`;
-const PLUGINS = `{ plugins { id name version } }`;
+const PLUGINS = `query($after: String) { plugins(first: 500, after: $after) {
+  pageInfo { hasNextPage endCursor }
+  edges { node { id name version } } } }`;
 
 const body = () => document.getElementById("policies-body");
 let timer = null;
@@ -35,8 +37,8 @@ async function load() {
   }
   const names = new Map();
   try {
-    const { data } = await gql(PLUGINS);
-    for (const p of data.plugins || []) names.set(p.id, `${p.name} ${p.version}`);
+    const { nodes: plugins } = await gqlAll(PLUGINS, "plugins");
+    for (const p of plugins) names.set(p.id, `${p.name} ${p.version}`);
   } catch {
     // A key that may not read plugins sees their content hashes.
   }

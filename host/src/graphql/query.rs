@@ -311,11 +311,25 @@ impl Query {
         Ok(earnings::get(app(ctx), caller(ctx)?, &org_id).await?.into())
     }
 
-    /// Every plugin, built-in and uploaded, by id, with the pools it is assigned to (those
+    /// The plugins, built-in and uploaded, by id, a page at a time (the cursor is a plugin
+    /// id), as `GET /v1/plugins` pages them: each with the pools it is assigned to (those
     /// the caller sees) and its decision counts.
-    async fn plugins(&self, ctx: &Context<'_>) -> Result<Vec<Plugin>> {
-        let plugins = registry::every(app(ctx), caller(ctx)?).await?;
-        Ok(plugins.into_iter().map(Plugin::from).collect())
+    #[graphql(complexity = "limits::connection_cost(first, child_complexity)")]
+    async fn plugins(
+        &self,
+        ctx: &Context<'_>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> Result<Connection<String, Plugin>> {
+        let first = page::by_id(first, after.as_deref())?;
+        let plugins = registry::list(app(ctx), caller(ctx)?, after.as_deref(), first + 1).await?;
+        let plugins = plugins.into_iter().map(Plugin::from).collect();
+        Ok(page::of_read(
+            plugins,
+            first,
+            after.is_some(),
+            |p: &Plugin| p.id.clone(),
+        ))
     }
 
     /// Events the caller's org may see, oldest first, after the `after` cursor.

@@ -295,7 +295,7 @@ fn as_seen(mut plugin: Plugin, visible: Option<&HashSet<String>>) -> Plugin {
 }
 
 /// The built-in and stored plugins by id, at most `limit` of those after the plugin
-/// `after`, each naming the pools it is assigned to that the caller sees. Stored plugins
+/// `after` (REST's `GET /v1/plugins` and GraphQL's `plugins` page with it), each naming the pools it is assigned to that the caller sees. Stored plugins
 /// are read a page at a time; the few built-ins are merged into it.
 pub async fn list(
     app: &App,
@@ -330,11 +330,6 @@ pub async fn list(
     plugins.sort_by(|a, b| a.id.cmp(&b.id));
     plugins.truncate(limit);
     Ok(plugins)
-}
-
-/// Every plugin, built-in and stored, by id (GraphQL's `plugins`).
-pub async fn every(app: &App, caller: &Principal) -> Result<Vec<Plugin>> {
-    list(app, caller, None, i64::MAX as usize).await
 }
 
 /// One plugin, built-in or stored, naming the pools it is assigned to that the caller sees.
