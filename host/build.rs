@@ -1,14 +1,22 @@
 //! Builds the default policies in `plugins/` as WebAssembly components (wasm32-wasip2), so
 //! the `orl` binary embeds them and a fresh install runs the same WebAssembly path as an
-//! uploaded plugin. Their paths reach the crate as `ORL_<NAME>_WASM`.
+//! uploaded plugin. Each policy is a plain library the host also links natively
+//! (`orl-placer-default`, …) wrapped by a thin component crate (`…-component`), which is
+//! what is built here; the paths reach the crate as `ORL_<NAME>_WASM`.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 const PLUGINS: &[(&str, &str)] = &[
-    ("orl-placer-default", "ORL_PLACER_DEFAULT_WASM"),
-    ("orl-preemptor-default", "ORL_PREEMPTOR_DEFAULT_WASM"),
-    ("orl-spend-guard-default", "ORL_SPEND_GUARD_DEFAULT_WASM"),
+    ("orl-placer-default-component", "ORL_PLACER_DEFAULT_WASM"),
+    (
+        "orl-preemptor-default-component",
+        "ORL_PREEMPTOR_DEFAULT_WASM",
+    ),
+    (
+        "orl-spend-guard-default-component",
+        "ORL_SPEND_GUARD_DEFAULT_WASM",
+    ),
 ];
 
 fn main() {

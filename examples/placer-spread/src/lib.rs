@@ -12,62 +12,30 @@
 //! the rest, each once, without revisiting earlier choices: simple, and enough for the
 //! requests this example is meant for.
 //!
-//! The types mirror the records of `wit/policy.wit`; `component.rs` wraps [`place`] as the
-//! `placer` world for wasm32.
-
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code, clippy::too_many_arguments)] // the generated export bindings
-mod component;
+//! It is written with the author kit, `orl-policy-kit`: the records are the kit's, so this
+//! crate declares only the rows it reads them into ([`Node`]), the policy ([`place`]) and
+//! the export of the `placer` world ([`SpreadPlacer`]). Everything but the export's glue
+//! is plain Rust, unit-tested natively; built for `wasm32-wasip2`, the crate is the
+//! component.
 
 use std::cmp::Reverse;
 
-/// What kind of device a unit provides and a request asks for (WIT `device-class`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeviceClass {
-    /// A whole GPU or GPU group.
-    Gpu,
-    /// A MIG instance.
-    GpuMig,
-    /// A time-slice or MPS slot.
-    GpuSlot,
-    /// A NIC virtual function.
-    NicVf,
-    /// A disk.
-    Disk,
-    /// A whole node.
-    Node,
-}
+use orl_policy_kit::Unit;
+use orl_policy_kit::types::{Candidates, Placement, Request};
 
-impl DeviceClass {
-    /// The WIT spelling, used in reasons.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeviceClass::Gpu => "gpu",
-            DeviceClass::GpuMig => "gpu-mig",
-            DeviceClass::GpuSlot => "gpu-slot",
-            DeviceClass::NicVf => "nic-vf",
-            DeviceClass::Disk => "disk",
-            DeviceClass::Node => "node",
-        }
+/// The `placer` world's export: rows from the candidate columns, then [`place`].
+pub struct SpreadPlacer;
+
+impl orl_policy_kit::Placer for SpreadPlacer {
+    fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
+        place(&req, &nodes(&candidates))
     }
 }
 
-/// A unit the request may take (WIT `unit`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unit {
-    /// The host's index for the unit, unique across one call.
-    pub id: u32,
-    /// The device class the unit provides.
-    pub class: DeviceClass,
-    /// Index into [`Request::models`].
-    pub model: u32,
-    /// The NVLink domain, unique within the node; `None` outside any domain.
-    pub nvlink_domain: Option<u32>,
-    /// Device memory in GiB.
-    pub memory_gib: u32,
-}
+orl_policy_kit::export_placer!(SpreadPlacer);
 
-/// A candidate node (WIT `node`; the per-domain load is not needed by this policy).
+/// A candidate node with its free units as rows (WIT `nodes`, one entry; the per-domain
+/// load is not needed by this policy).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
     /// The host's index for the node, unique within one call.
@@ -76,51 +44,29 @@ pub struct Node {
     pub busy_units: u32,
     /// All units of the node.
     pub total_units: u32,
-    /// The units the request may take.
+    /// The units the request may take. A unit whose class code this kit does not know is
+    /// left out: it matches nothing.
     pub free: Vec<Unit>,
 }
 
-/// One kind of device a request asks for (WIT `device-request`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceRequest {
-    /// The class every unit for this entry must have.
-    pub class: DeviceClass,
-    /// How many units this entry needs.
-    pub count: u32,
-    /// Index into [`Request::models`]; `None` accepts any model.
-    pub model: Option<u32>,
-    /// All units of this entry must share one NVLink domain.
-    pub nvlink_all: bool,
-}
-
-impl DeviceRequest {
-    /// Same class and, when the entry names one, same model.
-    pub fn accepts(&self, unit: &Unit) -> bool {
-        unit.class == self.class && self.model.is_none_or(|m| m == unit.model)
-    }
-}
-
-/// What a tenant asks to have placed (WIT `request`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Request {
-    /// The devices asked for.
-    pub devices: Vec<DeviceRequest>,
-    /// Interned model names.
-    pub models: Vec<String>,
-}
-
-/// Where a request goes (WIT `placement`): unit ids entry by entry, in request order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Placement {
-    /// The node every unit is on.
-    pub node: u32,
-    /// Unit ids, entry by entry.
-    pub units: Vec<u32>,
+/// The candidate nodes as rows, in the order the host listed them.
+pub fn nodes(candidates: &Candidates) -> Vec<Node> {
+    (0..candidates.nodes.id.len())
+        .map(|j| Node {
+            id: candidates.nodes.id[j],
+            busy_units: candidates.nodes.busy_units[j],
+            total_units: candidates.nodes.total_units[j],
+            free: candidates
+                .free(j)
+                .filter_map(|id| candidates.unit(id))
+                .collect(),
+        })
+        .collect()
 }
 
 /// Places `req` on the least busy node that holds it, or says why none does.
 pub fn place(req: &Request, nodes: &[Node]) -> Result<Placement, String> {
-    if req.devices.iter().all(|d| d.count == 0) {
+    if req.unit_count() == 0 {
         return Err("the request asks for no devices".to_string());
     }
     let mut by_load: Vec<&Node> = nodes.iter().collect();
@@ -211,10 +157,7 @@ fn describe(req: &Request) -> String {
         .filter(|d| d.count > 0)
         .map(|d| {
             let model = match d.model {
-                Some(m) => match req.models.get(m as usize) {
-                    Some(name) => format!(" of model {name}"),
-                    None => format!(" of model #{m}"),
-                },
+                Some(m) => format!(" of model {}", req.model_name(m)),
                 None => String::new(),
             };
             let plural = if d.count == 1 { "" } else { "s" };
@@ -223,11 +166,7 @@ fn describe(req: &Request) -> String {
             } else {
                 ""
             };
-            format!(
-                "{} {} unit{plural}{model}{nvlink}",
-                d.count,
-                d.class.as_str()
-            )
+            format!("{} {} unit{plural}{model}{nvlink}", d.count, d.class)
         })
         .collect();
     parts.join(" and ")
@@ -235,6 +174,8 @@ fn describe(req: &Request) -> String {
 
 #[cfg(test)]
 mod tests {
+    use orl_policy_kit::types::{DeviceClass, DeviceRequest};
+
     use super::*;
 
     fn gpu(id: u32, domain: Option<u32>) -> Unit {
@@ -264,6 +205,8 @@ mod tests {
                 model: Some(0),
                 nvlink_all,
             }],
+            spot: false,
+            duration_seconds: 3600,
             models: vec!["H100".to_string()],
         }
     }

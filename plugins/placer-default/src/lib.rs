@@ -1,9 +1,9 @@
 //! The default placement policy of orl: NVLink-aware best fit.
 //!
 //! The types mirror the records of the `orl:policy` WIT package (`wit/policy.wit`) and the
-//! policy is a pure function over them, so the host can run it natively as well as through
-//! the WebAssembly component this crate also builds (the `placer` world, see
-//! `component.rs`).
+//! policy is a pure function over them, so the host runs it natively as well as through its
+//! WebAssembly component (`orl-placer-default-component`, the `placer` world), and the
+//! default preemptor (`orl-preemptor-default`) asks it whether a request fits on a node.
 //!
 //! The rules, in order of precedence:
 //!
@@ -29,9 +29,6 @@
 //!
 //! The answer is deterministic: the same input always gives the same placement.
 
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code, clippy::too_many_arguments)] // the generated export bindings
-mod component;
 mod fit;
 mod reason;
 
@@ -379,6 +376,34 @@ impl Candidates {
         u.class.reserve(units);
     }
 
+    /// Empties every column, keeping what it allocated, so the candidates can be filled
+    /// again without allocating.
+    pub fn clear(&mut self) {
+        let Candidates {
+            nodes,
+            units,
+            domains,
+        } = self;
+        for column in [
+            &mut nodes.id,
+            &mut nodes.busy_units,
+            &mut nodes.total_units,
+            &mut nodes.domains_start,
+            &mut nodes.domains_len,
+            &mut nodes.free_start,
+            &mut nodes.free_len,
+            &mut units.model,
+            &mut units.nvlink_domain,
+            &mut units.memory_gib,
+            &mut domains.domain,
+            &mut domains.busy,
+            &mut domains.total,
+        ] {
+            column.clear();
+        }
+        units.class.clear();
+    }
+
     /// Appends node `id` with its domain loads and free units; the units get the next ids.
     pub fn push_node(
         &mut self,
@@ -624,6 +649,12 @@ impl Request {
         self.devices.iter().map(|d| u64::from(d.count)).sum()
     }
 
+    /// What the request asks for, in the words of the placer's reasons: `6 free gpu units
+    /// of model H100 in one NVLink domain and 1 free nic-vf unit`.
+    pub fn describe(&self) -> String {
+        reason::all_of(self)
+    }
+
     /// The name of model index `model`, or `#<index>` when the request does not list it.
     pub fn model_name(&self, model: u32) -> String {
         match self.models.get(model as usize) {
@@ -714,6 +745,14 @@ pub fn place_on(req: &Request, node: &NodeView<'_>) -> Option<Placement> {
     }
     let mut scratch = fit::Scratch::new(req);
     fit::best_on(req, node, &mut scratch).map(|_| fit::placement(node, &scratch))
+}
+
+/// Whether [`place_on`] would find a placement for `req` on `node`, without building it: the
+/// same search, run on this thread's reused buffers. The default preemptor asks this of
+/// every choice of terminations it weighs, so that it frees exactly what this placer needs.
+pub fn fits_on(req: &Request, node: &NodeView<'_>) -> bool {
+    req.unit_count() != 0
+        && fit::Scratch::with(req, |scratch| fit::best_on(req, node, scratch).is_some())
 }
 
 #[cfg(test)]

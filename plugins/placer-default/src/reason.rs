@@ -7,7 +7,7 @@ use crate::{Candidates, DeviceRequest, Request, fit};
 pub(crate) fn no_node_fits(req: &Request, candidates: &Candidates) -> String {
     let wanted: Vec<&DeviceRequest> = req.devices.iter().filter(|d| d.count > 0).collect();
     if candidates.nodes.is_empty() {
-        return format!("no node has {}: no candidate nodes", all_of(req, &wanted));
+        return format!("no node has {}: no candidate nodes", all_of(req));
     }
     if wanted.len() > 1 {
         for entry in &wanted {
@@ -23,13 +23,17 @@ pub(crate) fn no_node_fits(req: &Request, candidates: &Candidates) -> String {
                 return format!("no node has {}", describe(req, entry));
             }
         }
-        return format!("no node has, at the same time, {}", all_of(req, &wanted));
+        return format!("no node has, at the same time, {}", all_of(req));
     }
-    format!("no node has {}", all_of(req, &wanted))
+    format!("no node has {}", all_of(req))
 }
 
-fn all_of(req: &Request, wanted: &[&DeviceRequest]) -> String {
-    let parts: Vec<String> = wanted.iter().map(|d| describe(req, d)).collect();
+/// Every entry that asks for something, described and joined: `a, b and c`.
+pub(crate) fn all_of(req: &Request) -> String {
+    let parts: Vec<String> = (req.devices.iter())
+        .filter(|d| d.count > 0)
+        .map(|d| describe(req, d))
+        .collect();
     match parts.split_last() {
         None => "the requested devices".to_string(),
         Some((last, [])) => last.clone(),

@@ -2,8 +2,8 @@
 //! request placeable at the least cost.
 //!
 //! The request must fit on one node, by the rules of the default placer
-//! (`orl-placer-default`), once the chosen bookings' units are free. Among all such choices
-//! the policy takes, in order of precedence:
+//! (`orl-placer-default`, which this crate asks), once the chosen bookings' units are free.
+//! Among all such choices the policy takes, in order of precedence:
 //!
 //! 1. the least work lost, counted in unit-seconds: for each terminated booking, its number
 //!    of units times its elapsed seconds;
@@ -23,48 +23,19 @@
 //! Greedy answers make room but may cost more than the optimum.
 //!
 //! Bookings on nodes that are not among the candidates are ignored.
+//!
+//! Plain Rust, tested natively; its WebAssembly component is
+//! `orl-preemptor-default-component`.
 
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code, clippy::too_many_arguments)] // the generated export bindings
-mod component;
-mod fit;
+mod room;
 mod search;
 
 use std::fmt;
 
-/// What kind of device a unit provides and a request asks for (WIT `device-class`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DeviceClass {
-    /// A whole GPU, or a group of GPUs handed out together.
-    Gpu,
-    /// A MIG instance.
-    GpuMig,
-    /// A time-slice or MPS slot.
-    GpuSlot,
-    /// A NIC virtual function.
-    NicVf,
-    /// A disk.
-    Disk,
-    /// A whole node.
-    Node,
-}
+pub use orl_placer_default::{DeviceClass, DeviceRequest, DomainLoad, Request};
 
-impl DeviceClass {
-    /// The WIT spelling (`gpu`, `gpu-mig`, …), used in reasons.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeviceClass::Gpu => "gpu",
-            DeviceClass::GpuMig => "gpu-mig",
-            DeviceClass::GpuSlot => "gpu-slot",
-            DeviceClass::NicVf => "nic-vf",
-            DeviceClass::Disk => "disk",
-            DeviceClass::Node => "node",
-        }
-    }
-}
-
-/// A unit: free on a node, or held by a spot booking (WIT `unit`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A unit: free on a node, or held by a spot booking (WIT `units`, one entry with its id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unit {
     /// The host's index for the unit, unique across one call.
     pub id: u32,
@@ -78,18 +49,26 @@ pub struct Unit {
     pub memory_gib: u32,
 }
 
-/// How loaded one NVLink domain of a node is over the requested window (WIT `domain-load`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DomainLoad {
-    /// The domain, as in [`Unit::nvlink_domain`].
-    pub domain: u32,
-    /// Units of the domain booked at some point of the window, spot bookings included.
-    pub busy: u32,
-    /// All units of the domain.
-    pub total: u32,
+impl Unit {
+    /// The unit without its id, as the placer reads it.
+    pub fn placer_unit(&self) -> orl_placer_default::Unit {
+        orl_placer_default::Unit {
+            class: self.class,
+            model: self.model,
+            nvlink_domain: self.nvlink_domain,
+            memory_gib: self.memory_gib,
+        }
+    }
+
+    /// Whether `entry` accepts this unit: same class and, when the entry names a model,
+    /// same model.
+    pub fn serves(&self, entry: &DeviceRequest) -> bool {
+        entry.accepts(&self.placer_unit())
+    }
 }
 
-/// A candidate node with the units free on it without any termination (WIT `node`).
+/// A candidate node with the units free on it without any termination (WIT `nodes`, one
+/// entry with its runs resolved).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
     /// The host's index for the node, unique within one call.
@@ -102,57 +81,6 @@ pub struct Node {
     pub domains: Vec<DomainLoad>,
     /// The units the request may take without any termination.
     pub free: Vec<Unit>,
-}
-
-impl Node {
-    /// Busy units of `domain` as reported by the host, `0` when it is not reported.
-    pub fn domain_busy(&self, domain: u32) -> u32 {
-        self.domains
-            .iter()
-            .find(|d| d.domain == domain)
-            .map_or(0, |d| d.busy)
-    }
-}
-
-/// One kind of device a request asks for (WIT `device-request`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceRequest {
-    /// The class every unit for this entry must have.
-    pub class: DeviceClass,
-    /// How many units this entry needs; `0` asks for nothing.
-    pub count: u32,
-    /// Index into [`Request::models`]; `None` accepts any model.
-    pub model: Option<u32>,
-    /// All units of this entry must share one NVLink domain.
-    pub nvlink_all: bool,
-}
-
-impl DeviceRequest {
-    /// Whether `unit` may serve this entry: same class and, when the entry names a model,
-    /// same model.
-    pub fn accepts(&self, unit: &Unit) -> bool {
-        unit.class == self.class && self.model.is_none_or(|m| m == unit.model)
-    }
-}
-
-/// What a tenant asks to have placed (WIT `request`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Request {
-    /// The devices asked for; a placement lists units entry by entry in this order.
-    pub devices: Vec<DeviceRequest>,
-    /// A request for spot capacity.
-    pub spot: bool,
-    /// How long the units would be held, in seconds.
-    pub duration_seconds: u64,
-    /// Interned model names, indexed by `Unit::model` and `DeviceRequest::model`.
-    pub models: Vec<String>,
-}
-
-impl Request {
-    /// How many units a placement of this request holds: the sum of the entries' counts.
-    pub fn unit_count(&self) -> u64 {
-        self.devices.iter().map(|d| u64::from(d.count)).sum()
-    }
 }
 
 /// Nodes with at most this many bookings that could help are searched exhaustively
@@ -238,11 +166,12 @@ pub fn choose_victims(
     if req.unit_count() == 0 {
         return Err(Unsatisfiable::new("the request asks for no devices"));
     }
-    if nodes.iter().any(|n| fit::fits(req, n)) {
+    let mut room = room::Room::default();
+    if nodes.iter().any(|n| room.fits(req, n, &[])) {
         return Ok(Vec::new());
     }
 
-    let mut search = search::Search::new(req);
+    let mut search = search::Search::new(req, room);
     let mut best: Option<search::Choice> = None;
     for node in nodes {
         let bookings = search::helpful_bookings(req, node, spot);
@@ -256,7 +185,7 @@ pub fn choose_victims(
         Some(choice) => Ok(choice.into_ids()),
         None => Err(Unsatisfiable::new(format!(
             "no node has {}, even with every spot booking on it terminated",
-            fit::describe(req)
+            req.describe()
         ))),
     }
 }

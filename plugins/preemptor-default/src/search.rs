@@ -2,6 +2,7 @@
 
 use std::cmp::Reverse;
 
+use crate::room::Room;
 use crate::{
     EXHAUSTIVE_BOOKINGS_PER_NODE, MAX_PLACEMENT_CHECKS, MAX_SUBSETS, Node, Request, SpotBooking,
 };
@@ -54,44 +55,29 @@ pub(crate) fn helpful_bookings<'a>(
         .filter(|b| {
             b.units
                 .iter()
-                .any(|u| req.devices.iter().any(|d| d.count > 0 && d.accepts(u)))
+                .any(|u| req.devices.iter().any(|d| d.count > 0 && u.serves(d)))
         })
         .collect();
     helpful.sort_by_key(|b| (Reverse(b.started_at_ms), b.id));
     helpful
 }
 
-/// `node` as it would be with `victims` terminated: their units free and no longer busy.
-pub(crate) fn with_freed(node: &Node, victims: &[&SpotBooking]) -> Node {
-    let mut freed = node.clone();
-    for unit in victims.iter().flat_map(|b| &b.units) {
-        if freed.free.iter().any(|u| u.id == unit.id) {
-            continue;
-        }
-        freed.free.push(unit.clone());
-        freed.busy_units = freed.busy_units.saturating_sub(1);
-        if let Some(domain) = unit.nvlink_domain
-            && let Some(load) = freed.domains.iter_mut().find(|d| d.domain == domain)
-        {
-            load.busy = load.busy.saturating_sub(1);
-        }
-    }
-    freed
-}
-
-/// The state of one call's search: the request and the work left for exhaustive searches.
+/// The state of one call's search: the request, the work left for exhaustive searches and
+/// the buffers of the placement checks.
 pub(crate) struct Search<'a> {
     req: &'a Request,
     subsets_left: u32,
     checks_left: u32,
+    room: Room,
 }
 
 impl<'a> Search<'a> {
-    pub(crate) fn new(req: &'a Request) -> Self {
+    pub(crate) fn new(req: &'a Request, room: Room) -> Self {
         Search {
             req,
             subsets_left: MAX_SUBSETS,
             checks_left: MAX_PLACEMENT_CHECKS,
+            room,
         }
     }
 
@@ -201,7 +187,7 @@ impl<'a> Search<'a> {
 
     fn fits(&mut self, node: &Node, victims: &[&SpotBooking]) -> bool {
         self.checks_left = self.checks_left.saturating_sub(1);
-        crate::fit::fits(self.req, &with_freed(node, victims))
+        self.room.fits(self.req, node, victims)
     }
 }
 
@@ -247,7 +233,7 @@ impl UnitCounts {
         let count = |units: &[crate::Unit]| -> Vec<u32> {
             req.devices
                 .iter()
-                .map(|d| units.iter().filter(|u| d.accepts(u)).count() as u32)
+                .map(|d| units.iter().filter(|u| u.serves(d)).count() as u32)
                 .collect()
         };
         UnitCounts {

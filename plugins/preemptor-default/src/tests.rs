@@ -297,66 +297,20 @@ fn greedy_drops_the_bookings_it_can_spare() {
     );
 }
 
-/// The same records as the default placer's types, to check this crate against it.
+/// The default placer's own answer, asked without this crate's [`room`](crate::room).
 mod placer {
-    use orl_placer_default as p;
-
-    fn class(class: crate::DeviceClass) -> p::DeviceClass {
-        match class {
-            crate::DeviceClass::Gpu => p::DeviceClass::Gpu,
-            crate::DeviceClass::GpuMig => p::DeviceClass::GpuMig,
-            crate::DeviceClass::GpuSlot => p::DeviceClass::GpuSlot,
-            crate::DeviceClass::NicVf => p::DeviceClass::NicVf,
-            crate::DeviceClass::Disk => p::DeviceClass::Disk,
-            crate::DeviceClass::Node => p::DeviceClass::Node,
-        }
-    }
-
-    pub fn request(req: &crate::Request) -> p::Request {
-        p::Request {
-            devices: req
-                .devices
-                .iter()
-                .map(|d| p::DeviceRequest {
-                    class: class(d.class),
-                    count: d.count,
-                    model: d.model,
-                    nvlink_all: d.nvlink_all,
-                })
-                .collect(),
-            spot: req.spot,
-            duration_seconds: req.duration_seconds,
-            models: req.models.clone(),
-        }
-    }
-
-    /// `node` alone, as the placer's candidates.
-    pub fn node(node: &crate::Node) -> p::Candidates {
-        let mut candidates = p::Candidates::default();
+    /// Whether the default placer places `req` on `node` alone, its free units numbered
+    /// by their position in `node.free`.
+    pub fn fits(req: &crate::Request, node: &crate::Node) -> bool {
+        let mut candidates = orl_placer_default::Candidates::default();
         candidates.push_node(
             node.id,
             node.busy_units,
             node.total_units,
-            node.domains.iter().map(|d| p::DomainLoad {
-                domain: d.domain,
-                busy: d.busy,
-                total: d.total,
-            }),
-            // Renumbered by position: only whether it fits matters here.
-            node.free.iter().map(|u| p::Unit {
-                class: class(u.class),
-                model: u.model,
-                nvlink_domain: u.nvlink_domain,
-                memory_gib: u.memory_gib,
-            }),
+            node.domains.iter().copied(),
+            node.free.iter().map(crate::Unit::placer_unit),
         );
-        candidates
-    }
-
-    /// Whether the default placer fits `req` on `node` alone.
-    pub fn fits(req: &crate::Request, node: &crate::Node) -> bool {
-        let candidates = self::node(node);
-        orl_placer_default::place_on(&request(req), &candidates.view(0).unwrap()).is_some()
+        orl_placer_default::place_on(req, &candidates.view(0).unwrap()).is_some()
     }
 }
 
@@ -467,13 +421,21 @@ fn small_searches_find_the_optimum() {
 }
 
 #[test]
-fn fit_agrees_with_the_default_placer() {
+fn a_node_fits_as_the_placer_says_whatever_the_order_of_its_unit_ids() {
     let mut rng = Lcg(3);
     let classes = [DeviceClass::Gpu, DeviceClass::NicVf];
     let mut fitting = 0;
     for _ in 0..2_000 {
         let domains = rng.below(4);
-        let free: Vec<Unit> = (0..rng.below(14))
+        let count = rng.below(14);
+        // Ids in a shuffled order: the check numbers units by id, the placer here by
+        // position, and the verdict must not depend on it.
+        let mut ids: Vec<u32> = (0..count).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i as u32 + 1) as usize);
+        }
+        let free: Vec<Unit> = ids
+            .into_iter()
             .map(|id| Unit {
                 id,
                 class: classes[rng.below(4).min(1) as usize],
@@ -510,7 +472,7 @@ fn fit_agrees_with_the_default_placer() {
 
         let expected = placer::fits(&req, &candidate);
         assert_eq!(
-            fit::fits(&req, &candidate),
+            room::Room::default().fits(&req, &candidate, &[]),
             expected,
             "{req:?} {candidate:?}"
         );
@@ -520,4 +482,24 @@ fn fit_agrees_with_the_default_placer() {
         fitting > 300,
         "the generator should produce requests that fit ({fitting})"
     );
+}
+
+#[test]
+fn a_terminated_booking_frees_each_of_its_units_once() {
+    // Units 0..2 are free; booking 1 holds units 2 and 3 but also lists unit 1, already free.
+    let node = node(1, 1, 4, h100s(0..2, 0));
+    let holding = booking(
+        1,
+        1,
+        vec![gpu(1, H100, 0), gpu(2, H100, 0), gpu(3, H100, 0)],
+        10,
+        0,
+    );
+    let overlapping = booking(2, 1, vec![gpu(1, H100, 0), gpu(0, H100, 0)], 10, 0);
+    let mut room = room::Room::default();
+
+    assert!(!room.fits(&request(4, true), &node, &[]));
+    assert!(room.fits(&request(4, true), &node, &[&holding]));
+    assert!(!room.fits(&request(3, true), &node, &[&overlapping]));
+    assert!(room.fits(&request(4, true), &node, &[&overlapping, &holding]));
 }

@@ -5,10 +5,9 @@
 //! left is less than `amount`, and allowed otherwise (so a budget can be spent to exactly
 //! zero). All money is in integer minor units of one currency and the arithmetic is exact:
 //! no floats, no overflow, whatever the inputs.
-
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code, clippy::too_many_arguments)] // the generated export bindings
-mod component;
+//!
+//! Plain Rust, so the host runs it natively too (as the fallback when a pool's spend guard
+//! fails); its WebAssembly component is `orl-spend-guard-default-component`.
 
 use std::fmt;
 

@@ -6,7 +6,7 @@
 //! sees the leak in the decision's reason. If every attempt fails, as it must, it places the
 //! request normally (first fit).
 
-use placer_fixture::{CONFIG_DIR, Candidates, Guest, Level, Placement, Request, first_fit, log};
+use placer_fixture::{CONFIG_DIR, Candidates, Level, Placement, Placer, Request, first_fit, log};
 
 const FILES: &[&str] = &[
     "/etc/passwd",
@@ -23,7 +23,7 @@ const DIRS: &[&str] = &["/", "/config/..", "..", "."];
 
 struct EscapeFs;
 
-impl Guest for EscapeFs {
+impl Placer for EscapeFs {
     fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         for path in FILES {
             match std::fs::read(path) {

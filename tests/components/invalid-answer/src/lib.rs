@@ -13,11 +13,11 @@
 //!
 //! With no valid placement to break it answers `err`.
 
-use placer_fixture::{Candidates, Guest, Placement, Request, first_fit, free};
+use placer_fixture::{Candidates, Placement, Placer, Request, first_fit, free};
 
 struct InvalidAnswer;
 
-impl Guest for InvalidAnswer {
+impl Placer for InvalidAnswer {
     fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         let valid = first_fit(&req, &candidates)
             .map_err(|_| "invalid-answer fixture: no valid placement to break".to_string())?;
@@ -62,7 +62,7 @@ impl Guest for InvalidAnswer {
                 let home_units = home.map(|j| free(&candidates, j)).unwrap_or_default();
                 let mismatch = entry.and_then(|entry| {
                     home_units.iter().find(|u| {
-                        u.class != entry.class as u8 || entry.model.is_some_and(|m| m != u.model)
+                        u.class != entry.class || entry.model.is_some_and(|m| m != u.model)
                     })
                 });
                 if let (Some(unit), Some(slot)) = (mismatch, units.first_mut()) {

@@ -2,11 +2,11 @@
 //! starting `FLOOD`, then places first-fit. A host that keeps its per-call log cap writes
 //! only the first few and says how many it dropped.
 
-use placer_fixture::{Candidates, Guest, Level, Placement, Request, first_fit, log};
+use placer_fixture::{Candidates, Level, Placement, Placer, Request, first_fit, log};
 
 struct LogFlood;
 
-impl Guest for LogFlood {
+impl Placer for LogFlood {
     fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         let padding = "x".repeat(190);
         for i in 0..10_000 {

@@ -2,13 +2,13 @@
 //! that its pages are really used, until the host's memory cap stops it. Growing past the
 //! cap makes the allocator fail, which aborts the component (a trap).
 
-use placer_fixture::{Candidates, Guest, Placement, Request};
+use placer_fixture::{Candidates, Placement, Placer, Request};
 
 const BLOCK: usize = 1 << 20;
 
 struct MemoryBomb;
 
-impl Guest for MemoryBomb {
+impl Placer for MemoryBomb {
     fn place(_req: Request, _candidates: Candidates) -> Result<Placement, String> {
         let mut hoard: Vec<Vec<u8>> = Vec::new();
         loop {

@@ -8,11 +8,11 @@
 use std::net::{TcpStream, UdpSocket};
 use std::time::Duration;
 
-use placer_fixture::{Candidates, Guest, Level, Placement, Request, first_fit, log};
+use placer_fixture::{Candidates, Level, Placement, Placer, Request, first_fit, log};
 
 struct OpenSocket;
 
-impl Guest for OpenSocket {
+impl Placer for OpenSocket {
     fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         let target = "127.0.0.1:5432".parse().expect("a socket address");
         match TcpStream::connect_timeout(&target, Duration::from_millis(200)) {

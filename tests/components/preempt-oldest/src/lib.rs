@@ -5,19 +5,11 @@
 //! itself afterwards and refuses the preemption when it still does not fit), and answers
 //! the node that needs the fewest terminations.
 
-#[allow(clippy::too_many_arguments)]
-mod bindings {
-    wit_bindgen::generate!({
-        path: "../../../wit",
-        world: "preemptor",
-    });
-}
-
-use bindings::orl::policy::types::{Candidates, Request, SpotBooking};
+use orl_policy_kit::types::{Candidates, Request, SpotBooking};
 
 struct PreemptOldest;
 
-impl bindings::Guest for PreemptOldest {
+impl orl_policy_kit::Preemptor for PreemptOldest {
     fn choose_victims(
         req: Request,
         candidates: Candidates,
@@ -45,4 +37,4 @@ impl bindings::Guest for PreemptOldest {
     }
 }
 
-bindings::export!(PreemptOldest with_types_in bindings);
+orl_policy_kit::export_preemptor!(PreemptOldest);

@@ -4,11 +4,11 @@
 //! `err("CONFIG UNREADABLE: <error>")` when it cannot. It also tries to write beside it and
 //! answers `err("CONFIG WRITABLE")` if that works, since the directory must be read-only.
 
-use placer_fixture::{CONFIG_DIR, Candidates, Guest, Placement, Request};
+use placer_fixture::{CONFIG_DIR, Candidates, Placement, Placer, Request};
 
 struct ReadConfig;
 
-impl Guest for ReadConfig {
+impl Placer for ReadConfig {
     fn place(_req: Request, _candidates: Candidates) -> Result<Placement, String> {
         if std::fs::write(format!("{CONFIG_DIR}/written-by-plugin"), b"x").is_ok() {
             return Err("CONFIG WRITABLE".to_string());

@@ -2,11 +2,11 @@
 //! answers `err("ENV: <name>")`; otherwise, as it must be, it places the request normally
 //! (first fit).
 
-use placer_fixture::{Candidates, Guest, Placement, Request, first_fit};
+use placer_fixture::{Candidates, Placement, Placer, Request, first_fit};
 
 struct ReadEnv;
 
-impl Guest for ReadEnv {
+impl Placer for ReadEnv {
     fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         if let Some((name, _)) = std::env::vars_os().next() {
             return Err(format!("ENV: {}", name.to_string_lossy()));

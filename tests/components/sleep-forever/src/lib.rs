@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use placer_fixture::{Candidates, Guest, Placement, Request, first_fit};
+use placer_fixture::{Candidates, Placement, Placer, Request, first_fit};
 
 struct SleepForever;
 
-impl Guest for SleepForever {
+impl Placer for SleepForever {
     fn place(req: Request, candidates: Candidates) -> Result<Placement, String> {
         std::thread::sleep(Duration::from_secs(10));
         first_fit(&req, &candidates)
