@@ -327,7 +327,19 @@ pub struct PolicyHost {
     /// guest functions only in code compiled in memory.
     cache_dir: Option<PathBuf>,
     config_root: PathBuf,
-    defaults: std::sync::OnceLock<HashMap<World, Arc<Loaded>>>,
+    /// The default policies shipped inside the binary, by id: loaded, and so hashed, once
+    /// at start.
+    built_ins: OnceLock<Vec<BuiltIn>>,
+}
+
+/// A default policy shipped inside the binary, loaded when the host starts.
+pub struct BuiltIn {
+    /// Its name, as `GET /v1/plugins` lists it.
+    pub name: &'static str,
+    /// The component's size in bytes.
+    pub size: usize,
+    /// The compiled component: its id (content hash) and world.
+    pub loaded: Arc<Loaded>,
 }
 
 /// One load of one id, shared by every caller that asked for it meanwhile.
@@ -456,23 +468,44 @@ impl PolicyHost {
             idle: Mutex::new(Idle::default()),
             cache_dir: (!profiling).then_some(cache_dir),
             config_root,
-            defaults: std::sync::OnceLock::new(),
+            built_ins: OnceLock::new(),
         };
-        let mut defaults = HashMap::new();
+        let mut built_ins = Vec::new();
         for (name, bytes) in BUILT_INS {
             let loaded = host
                 .load(bytes)
                 .map_err(|e| anyhow::anyhow!("the built-in {name}: {}", e.message))?;
             host.set_name(&loaded.id, name);
-            defaults.insert(loaded.world, loaded);
+            built_ins.push(BuiltIn {
+                name,
+                size: bytes.len(),
+                loaded,
+            });
         }
-        let _ = host.defaults.set(defaults);
+        built_ins.sort_by(|a, b| a.loaded.id.cmp(&b.loaded.id));
+        let _ = host.built_ins.set(built_ins);
         Ok(Arc::new(host))
+    }
+
+    /// The default policies shipped inside the binary, by id, as loaded at start: their
+    /// ids and sizes are known without hashing their bytes again.
+    pub fn built_ins(&self) -> &[BuiltIn] {
+        self.built_ins.get().map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// The built-in policy `id`, if it is one.
+    pub fn built_in(&self, id: &str) -> Option<&BuiltIn> {
+        self.built_ins().iter().find(|b| b.loaded.id == id)
+    }
+
+    /// The built-in policy of `world`.
+    pub fn built_in_of(&self, world: World) -> Option<&BuiltIn> {
+        self.built_ins().iter().find(|b| b.loaded.world == world)
     }
 
     /// The default component of `world` shipped inside the binary.
     pub fn default_for(&self, world: World) -> Option<Arc<Loaded>> {
-        self.defaults.get().and_then(|d| d.get(&world)).cloned()
+        self.built_in_of(world).map(|b| b.loaded.clone())
     }
 
     /// The default placement component shipped inside the binary.

@@ -298,7 +298,7 @@ async fn assign(
         ("spendLimit", &body.spend_limit, World::SpendGuard),
     ] {
         let Some(id) = id else { continue };
-        if let Some(name) = registry::built_in_name(id) {
+        if let Some(name) = registry::built_in_name(app, id) {
             return Err(Error::invalid(
                 field,
                 format!("plugin {id} is the built-in {name}; leave {field} out to run it"),

@@ -4,14 +4,13 @@
 //! like stored plugins but are never stored, uploaded or deleted.
 
 use std::collections::HashSet;
-use std::sync::LazyLock;
 
 use serde::Serialize;
 use serde_json::json;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row as _};
 
-use super::{BUILT_INS, World, content_id};
+use super::{BuiltIn, World, content_id};
 use crate::App;
 use crate::audit::{self, Entry};
 use crate::clock::format_ms;
@@ -43,68 +42,35 @@ pub struct Plugin {
     pub assigned_to: Vec<String>,
 }
 
-/// A built-in policy: its name, id and size, hashed once per process.
-struct BuiltIn {
-    name: &'static str,
-    id: String,
-    size: i64,
-}
-
-fn built_in_ids() -> &'static [BuiltIn] {
-    static IDS: LazyLock<Vec<BuiltIn>> = LazyLock::new(|| {
-        BUILT_INS
-            .iter()
-            .map(|(name, bytes)| BuiltIn {
-                name,
-                id: content_id(bytes),
-                size: bytes.len() as i64,
-            })
-            .collect()
-    });
-    &IDS
-}
-
 /// The name of the built-in policy `id`, if it is one.
-pub fn built_in_name(id: &str) -> Option<&'static str> {
-    built_in_ids().iter().find(|b| b.id == id).map(|b| b.name)
+pub fn built_in_name(app: &App, id: &str) -> Option<&'static str> {
+    app.policy.built_in(id).map(|b| b.name)
 }
 
-/// The built-in policies as plugins, by id.
-fn built_ins(app: &App) -> Result<Vec<Plugin>> {
-    let mut plugins = built_in_ids()
-        .iter()
-        .map(|b| {
-            let world = app
-                .policy
-                .cached(&b.id)
-                .ok_or_else(|| anyhow::anyhow!("the built-in {} is not loaded", b.name))?
-                .world;
-            Ok(Plugin {
-                id: b.id.clone(),
-                name: b.name.to_string(),
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                world,
-                size: b.size,
-                created_at: None,
-                built_in: true,
-                assigned_to: Vec::new(),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    plugins.sort_by(|a, b| a.id.cmp(&b.id));
-    Ok(plugins)
+/// A built-in policy as a plugin.
+fn as_plugin(built_in: &BuiltIn) -> Plugin {
+    Plugin {
+        id: built_in.loaded.id.clone(),
+        name: built_in.name.to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        world: built_in.loaded.world,
+        size: built_in.size as i64,
+        created_at: None,
+        built_in: true,
+        assigned_to: Vec::new(),
+    }
 }
 
 /// The built-in plugin `id`, if it is one.
-fn built_in(app: &App, id: &str) -> Result<Option<Plugin>> {
-    Ok(built_ins(app)?.into_iter().find(|p| p.id == id))
+fn built_in(app: &App, id: &str) -> Option<Plugin> {
+    app.policy.built_in(id).map(as_plugin)
 }
 
 /// The built-in plugin of `world`: what a pool that assigns none of it runs.
 pub fn built_in_for(app: &App, world: World) -> Result<Plugin> {
-    built_ins(app)?
-        .into_iter()
-        .find(|p| p.world == world)
+    app.policy
+        .built_in_of(world)
+        .map(as_plugin)
         .ok_or_else(|| anyhow::anyhow!("no built-in {} policy", world.as_str()).into())
 }
 
@@ -136,7 +102,7 @@ pub async fn upload(
         ));
     }
     let id = content_id(&bytes);
-    if let Some(built_in) = built_in(app, &id)? {
+    if let Some(built_in) = built_in(app, &id) {
         return Err(already_there(&built_in));
     }
     if let Some(existing) = find(&mut *app.store.pool().acquire().await?, &id).await? {
@@ -315,15 +281,19 @@ pub async fn list(
         "SELECT {COLUMNS} FROM plugins WHERE id > $1 ORDER BY id LIMIT $2"
     ))
     .bind(after)
-    .bind(limit.saturating_add(BUILT_INS.len()).min(i64::MAX as usize) as i64)
+    .bind(
+        limit
+            .saturating_add(app.policy.built_ins().len())
+            .min(i64::MAX as usize) as i64,
+    )
     .fetch_all(&mut *conn)
     .await?;
-    let mut plugins: Vec<Plugin> = built_ins(app)?
-        .into_iter()
-        .filter(|p| p.id.as_str() > after)
+    let mut plugins: Vec<Plugin> = (app.policy.built_ins().iter())
+        .filter(|b| b.loaded.id.as_str() > after)
+        .map(as_plugin)
         .collect();
     for row in &rows {
-        if built_in_name(&row.get::<String, _>("id")).is_none() {
+        if built_in_name(app, &row.get::<String, _>("id")).is_none() {
             plugins.push(as_seen(from_row(&mut conn, row).await?, visible.as_ref()));
         }
     }
@@ -334,7 +304,7 @@ pub async fn list(
 
 /// One plugin, built-in or stored, naming the pools it is assigned to that the caller sees.
 pub async fn get(app: &App, caller: &Principal, id: &str) -> Result<Plugin> {
-    if let Some(built_in) = built_in(app, id)?.filter(|_| may_read(caller)) {
+    if let Some(built_in) = built_in(app, id).filter(|_| may_read(caller)) {
         return Ok(built_in);
     }
     let mut conn = app.store.pool().acquire().await?;
@@ -350,7 +320,7 @@ pub async fn get(app: &App, caller: &Principal, id: &str) -> Result<Plugin> {
 /// Deletes a plugin; refused while any pool's policies name it, and always for a built-in.
 pub async fn delete(app: &App, caller: &Principal, id: &str) -> Result<()> {
     caller.require_ops(Permission::PluginsManage, format_args!("plugin {id}"))?;
-    if let Some(name) = built_in_name(id) {
+    if let Some(name) = built_in_name(app, id) {
         return Err(Error::conflict(
             format!("plugin {id} is the built-in {name}, shipped inside orl; it cannot be deleted"),
             Some(json!({ "pluginId": id, "name": name, "builtIn": true })),
