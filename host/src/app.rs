@@ -51,7 +51,7 @@ impl App {
             replica: crate::ids::new_id("rep", clock.now_ms()),
             store,
             clock,
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::with_names(policy.names())),
             policy,
             data_dir,
             provider_share_bps,

@@ -1,16 +1,20 @@
 //! Prometheus metrics, one registry per server (no process-global state).
 //!
 //! Two kinds share the registry. Counters and histograms the server keeps as it works:
-//! requests, policy decisions (how long each took and how plugins failed) and reconciler
-//! passes. And gauges of the platform as of the scrape, worked out by [`scrape`] each time
+//! requests, policy decisions (how long each took and how plugins failed, per plugin and
+//! world, labelled with the plugin's id, name and version: [`PluginFigures`], which GraphQL
+//! reads too) and reconciler passes. And gauges of the platform as of the scrape, worked out by [`scrape`] each time
 //! `GET /metrics` is read: units by state from the capacity view (in memory: no node is
 //! read from the database for it once the view holds it), compute reservations by state
 //! (one grouped query), the event outbox (one indexed read) and the database pool.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -20,6 +24,7 @@ use sqlx::Row as _;
 
 use crate::capacity::UnitState;
 use crate::inventory::DeviceClass;
+use crate::policy::Names;
 use crate::{App, Result};
 
 /// Labels of one HTTP request: the matched route template, not the raw path.
@@ -30,29 +35,216 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
-/// Labels of one policy decision.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DecisionLabels {
-    pub plugin: String,
-    pub world: String,
-    /// `placed`, `unschedulable`, or how it failed (`trap`, `deadline`, `memory`, `invalid-answer`).
-    pub outcome: String,
+/// How many buckets `orl_policy_decision_duration_seconds` has below +Inf.
+const DECISION_BUCKETS: usize = 16;
+
+/// The upper bounds of the decision latency buckets, in seconds: 0.1 ms doubling to 3.3 s
+/// (+Inf follows).
+fn decision_bounds() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, DECISION_BUCKETS as u16)
 }
 
-/// A policy plugin in one world.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PluginLabels {
-    pub plugin: String,
-    pub world: String,
+/// One plugin's figures in one world since this server started: what
+/// `orl_policy_decisions_total`, `orl_policy_failures_total` and
+/// `orl_policy_decision_duration_seconds` expose for it, and what GraphQL's `Plugin` shows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PluginFigures {
+    /// Decisions by outcome: `placed`, `unschedulable`, `preempted`, `nothing`,
+    /// `unsatisfiable`, `allowed`, `refused`, or how the call failed.
+    pub outcomes: BTreeMap<String, u64>,
+    /// Failed calls by kind: `trap`, `deadline`, `memory`, `invalid-answer`.
+    pub failures: BTreeMap<String, u64>,
+    /// How long each call took, from the call to its checked answer, whatever the outcome.
+    pub latency: Latency,
 }
 
-/// How a policy plugin failed.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FailureLabels {
-    pub plugin: String,
-    pub world: String,
-    /// `trap`, `deadline`, `memory` or `invalid-answer`.
-    pub kind: String,
+/// A histogram of call durations, in seconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Latency {
+    pub count: u64,
+    pub sum: f64,
+    /// Calls per bucket (not cumulative): at most its bound and over the bound before; the
+    /// last is +Inf.
+    counts: [u64; DECISION_BUCKETS + 1],
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency {
+            count: 0,
+            sum: 0.0,
+            counts: [0; DECISION_BUCKETS + 1],
+        }
+    }
+}
+
+impl Latency {
+    fn observe(&mut self, seconds: f64) {
+        self.count += 1;
+        self.sum += seconds;
+        let at = decision_bounds()
+            .position(|le| seconds <= le)
+            .unwrap_or(DECISION_BUCKETS);
+        self.counts[at] += 1;
+    }
+
+    /// The buckets as Prometheus exposes them: each upper bound in seconds (`None` for
+    /// +Inf) with the calls that took at most that long (cumulative).
+    pub fn buckets(&self) -> Vec<(Option<f64>, u64)> {
+        let mut total = 0;
+        (decision_bounds().map(Some))
+            .chain(std::iter::once(None))
+            .zip(self.counts)
+            .map(|(le, n)| {
+                total += n;
+                (le, total)
+            })
+            .collect()
+    }
+
+    /// The `q` quantile (0-1) estimated from the buckets as PromQL's `histogram_quantile`
+    /// does: linear inside the bucket it falls in, and the highest finite bound when it
+    /// falls in +Inf. `None` before the first call.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * self.count as f64;
+        let (mut below, mut lower) = (0u64, 0.0);
+        for (le, n) in decision_bounds().zip(self.counts) {
+            if n > 0 && (below + n) as f64 >= rank {
+                return Some(lower + (le - lower) * (rank - below as f64) / n as f64);
+            }
+            below += n;
+            lower = le;
+        }
+        Some(lower)
+    }
+
+    /// The buckets as the encoder takes them: upper bound (+Inf as `f64::MAX`) and count.
+    fn encoded(&self) -> Vec<(f64, u64)> {
+        (decision_bounds().chain(std::iter::once(f64::MAX)))
+            .zip(self.counts)
+            .collect()
+    }
+}
+
+/// Every plugin's figures, by plugin id then world: one entry per plugin per world.
+#[derive(Debug, Default)]
+struct PolicyFigures(RwLock<PluginMap>);
+
+type PluginMap = BTreeMap<String, BTreeMap<String, Arc<Mutex<PluginFigures>>>>;
+
+impl PolicyFigures {
+    /// Changes plugin `plugin`'s figures in `world`.
+    fn update(&self, plugin: &str, world: &str, change: impl FnOnce(&mut PluginFigures)) {
+        let found = (self.0.read().expect("policy figures"))
+            .get(plugin)
+            .and_then(|worlds| worlds.get(world))
+            .cloned();
+        let figures = found.unwrap_or_else(|| {
+            (self.0.write().expect("policy figures"))
+                .entry(plugin.to_owned())
+                .or_default()
+                .entry(world.to_owned())
+                .or_default()
+                .clone()
+        });
+        change(&mut figures.lock().expect("policy figures"));
+    }
+
+    /// A copy of the figures by plugin id then world: every plugin's, or `only`'s.
+    fn read(&self, only: Option<&str>) -> Vec<(String, String, PluginFigures)> {
+        let map = self.0.read().expect("policy figures");
+        let plugins: Vec<(&String, &BTreeMap<_, _>)> = match only {
+            Some(id) => map.get_key_value(id).into_iter().collect(),
+            None => map.iter().collect(),
+        };
+        plugins
+            .into_iter()
+            .flat_map(|(plugin, worlds)| {
+                worlds.iter().map(move |(world, figures)| {
+                    let figures = figures.lock().expect("policy figures").clone();
+                    (plugin.clone(), world.clone(), figures)
+                })
+            })
+            .collect()
+    }
+}
+
+/// One of the `orl_policy_*` families, encoded from [`PolicyFigures`] at each scrape: one
+/// series per plugin per world (and outcome, or failure kind), labelled `plugin` (its id),
+/// `name` and `version` (as the policy host knows them; a built-in's version is the
+/// server's) and `world`.
+#[derive(Debug)]
+struct PolicySeries {
+    figures: Arc<PolicyFigures>,
+    names: Arc<Names>,
+    family: PolicyFamily,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum PolicyFamily {
+    Decisions,
+    Failures,
+    Duration,
+}
+
+impl EncodeMetric for PolicySeries {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::result::Result<(), std::fmt::Error> {
+        for (plugin, world, figures) in self.figures.read(None) {
+            let (name, version) = self.names.get(&plugin).unwrap_or_default();
+            let (name, version) = (label_value(&name), label_value(&version));
+            let plugin = [
+                ("plugin", plugin.as_str()),
+                ("name", name.as_ref()),
+                ("version", version.as_ref()),
+                ("world", world.as_str()),
+            ];
+            let counts = match self.family {
+                PolicyFamily::Decisions => ("outcome", &figures.outcomes),
+                PolicyFamily::Failures => ("kind", &figures.failures),
+                PolicyFamily::Duration => {
+                    let latency = &figures.latency;
+                    (encoder.encode_family(&plugin)?).encode_histogram::<NoLabelSet>(
+                        latency.sum,
+                        latency.count,
+                        &latency.encoded(),
+                        None,
+                    )?;
+                    continue;
+                }
+            };
+            for (value, count) in counts.1 {
+                let [a, b, c, d] = plugin;
+                let labels = [a, b, c, d, (counts.0, value.as_str())];
+                (encoder.encode_family(&labels)?)
+                    .encode_counter::<NoLabelSet, _, u64>(count, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        match self.family {
+            PolicyFamily::Decisions | PolicyFamily::Failures => MetricType::Counter,
+            PolicyFamily::Duration => MetricType::Histogram,
+        }
+    }
+}
+
+/// `value` as a label value of the text exposition, whose encoder writes values as they
+/// are: backslash, double quote and line feed escaped.
+fn label_value(value: &str) -> Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return Cow::Borrowed(value);
+    }
+    Cow::Owned(
+        value
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n"),
+    )
 }
 
 /// Units of one pool, model and device class in one state.
@@ -103,9 +295,9 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: HistogramFamily<RequestLabels>,
-    decisions: Family<DecisionLabels, Counter>,
-    decision_duration: HistogramFamily<PluginLabels>,
-    policy_failures: Family<FailureLabels, Counter>,
+    /// What `orl_policy_decisions_total`, `orl_policy_failures_total` and
+    /// `orl_policy_decision_duration_seconds` expose.
+    policy: Arc<PolicyFigures>,
     reconciler_pass: Histogram,
     reconciler_due: Gauge,
     reconciler_lag: Seconds,
@@ -126,7 +318,14 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// The metrics of a server whose plugins' names and versions are not known.
     pub fn new() -> Metrics {
+        Metrics::with_names(Arc::default())
+    }
+
+    /// The metrics of a server whose policy host knows its plugins' names and versions as
+    /// `names` (see [`crate::policy::PolicyHost::names`]).
+    pub fn with_names(names: Arc<Names>) -> Metrics {
         let mut registry = Registry::with_prefix("orl");
         let requests = Family::<RequestLabels, Counter>::default();
         let latency: HistogramFamily<RequestLabels> =
@@ -137,24 +336,26 @@ impl Metrics {
             "Time to answer an HTTP request",
             latency.clone(),
         );
-        let decisions = Family::<DecisionLabels, Counter>::default();
+        let policy = Arc::new(PolicyFigures::default());
+        let series = |family| PolicySeries {
+            figures: policy.clone(),
+            names: names.clone(),
+            family,
+        };
         registry.register(
             "policy_decisions",
-            "Policy plugin decisions by outcome",
-            decisions.clone(),
+            "Policy plugin decisions by outcome, per plugin (its id, name and version) and world",
+            series(PolicyFamily::Decisions),
         );
-        let decision_duration: HistogramFamily<PluginLabels> =
-            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 2.0, 16)));
         registry.register(
             "policy_decision_duration_seconds",
-            "Time one policy plugin call took, from the call to its checked answer, whatever the outcome",
-            decision_duration.clone(),
+            "Time one policy plugin call took, from the call to its checked answer, whatever the outcome, per plugin (its id, name and version) and world",
+            series(PolicyFamily::Duration),
         );
-        let policy_failures = Family::<FailureLabels, Counter>::default();
         registry.register(
             "policy_failures",
-            "Policy plugin calls that failed, by kind: trap, deadline (ran out of fuel or time), memory (exceeded its limit), invalid-answer (refused by the host's check); counted whether or not the pool falls back to the built-in default",
-            policy_failures.clone(),
+            "Policy plugin calls that failed, by kind: trap, deadline (ran out of fuel or time), memory (exceeded its limit), invalid-answer (refused by the host's check); counted whether or not the pool falls back to the built-in default; per plugin (its id, name and version) and world",
+            series(PolicyFamily::Failures),
         );
         let reconciler_pass = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         registry.register(
@@ -232,9 +433,7 @@ impl Metrics {
             registry,
             requests,
             latency,
-            decisions,
-            decision_duration,
-            policy_failures,
+            policy,
             reconciler_pass,
             reconciler_due,
             reconciler_lag,
@@ -258,31 +457,42 @@ impl Metrics {
         self.requests.get_or_create(&labels).inc();
     }
 
-    /// Counts one policy decision and how long the plugin call took.
+    /// Counts one decision of plugin `plugin` (its id) and how long the call took.
     pub fn observe_decision(&self, plugin: &str, world: &str, outcome: &str, seconds: f64) {
-        let labels = DecisionLabels {
-            plugin: plugin.into(),
-            world: world.into(),
-            outcome: outcome.into(),
-        };
-        self.decisions.get_or_create(&labels).inc();
-        let labels = PluginLabels {
-            plugin: plugin.into(),
-            world: world.into(),
-        };
-        self.decision_duration
-            .get_or_create(&labels)
-            .observe(seconds);
+        self.policy.update(plugin, world, |figures| {
+            match figures.outcomes.get_mut(outcome) {
+                Some(count) => *count += 1,
+                None => {
+                    figures.outcomes.insert(outcome.to_owned(), 1);
+                }
+            }
+            figures.latency.observe(seconds);
+        });
     }
 
-    /// Counts one failed policy call (`kind` as [`crate::policy::FailureKind::as_str`]).
+    /// Counts one failed call of plugin `plugin` (its id; `kind` as
+    /// [`crate::policy::FailureKind::as_str`]).
     pub fn observe_policy_failure(&self, plugin: &str, world: &str, kind: &str) {
-        let labels = FailureLabels {
-            plugin: plugin.into(),
-            world: world.into(),
-            kind: kind.into(),
-        };
-        self.policy_failures.get_or_create(&labels).inc();
+        self.policy.update(plugin, world, |figures| {
+            match figures.failures.get_mut(kind) {
+                Some(count) => *count += 1,
+                None => {
+                    figures.failures.insert(kind.to_owned(), 1);
+                }
+            }
+        });
+    }
+
+    /// Every plugin's figures since this server started, by plugin id then world.
+    pub fn policy_figures(&self) -> Vec<(String, String, PluginFigures)> {
+        self.policy.read(None)
+    }
+
+    /// Plugin `id`'s figures since this server started, by world (a plugin implements one).
+    pub fn plugin_figures(&self, id: &str) -> Vec<(String, PluginFigures)> {
+        (self.policy.read(Some(id)).into_iter())
+            .map(|(_, world, figures)| (world, figures))
+            .collect()
     }
 
     /// Records one reconciler pass: how long it took, how many reservations were due, and
@@ -497,4 +707,78 @@ async fn reservations(app: &App, pools: &[String], now: i64, live: &mut Live) ->
             .push((PoolLabels { pool: pool.clone() }, age));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_series_carry_the_plugins_id_name_and_version_one_per_plugin_and_world() {
+        let names = Arc::new(Names::default());
+        names.set("sha256:ab", "spread", "1.2.0");
+        names.set("sha256:cd", "odd", "2 \"beta\"");
+        let metrics = Metrics::with_names(names.clone());
+        for _ in 0..3 {
+            metrics.observe_decision("sha256:ab", "placer", "placed", 0.0003);
+        }
+        metrics.observe_decision("sha256:ab", "placer", "trap", 0.002);
+        metrics.observe_policy_failure("sha256:ab", "placer", "trap");
+        metrics.observe_decision("sha256:cd", "spend-guard", "allowed", 0.0001);
+        let text = metrics.render();
+        let ab = r#"plugin="sha256:ab",name="spread",version="1.2.0",world="placer""#;
+        for line in [
+            format!("orl_policy_decisions_total{{{ab},outcome=\"placed\"}} 3"),
+            format!("orl_policy_decisions_total{{{ab},outcome=\"trap\"}} 1"),
+            format!("orl_policy_failures_total{{{ab},kind=\"trap\"}} 1"),
+            format!("orl_policy_decision_duration_seconds_count{{{ab}}} 4"),
+            format!("orl_policy_decision_duration_seconds_bucket{{le=\"0.0004\",{ab}}} 3"),
+            format!("orl_policy_decision_duration_seconds_bucket{{le=\"+Inf\",{ab}}} 4"),
+            r#"orl_policy_decisions_total{plugin="sha256:cd",name="odd",version="2 \"beta\"",world="spend-guard",outcome="allowed"} 1"#.to_string(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+        let series = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+        assert_eq!(series("orl_policy_decision_duration_seconds_count{"), 2);
+        // Renaming is relabelling: still one series per plugin per world.
+        names.set("sha256:ab", "spread", "1.3.0");
+        let text = metrics.render();
+        assert_eq!(
+            (text.lines())
+                .filter(|l| l.starts_with("orl_policy_decision_duration_seconds_count{"))
+                .count(),
+            2
+        );
+        assert!(text.contains(r#"version="1.3.0""#), "{text}");
+        let figures = metrics.plugin_figures("sha256:ab");
+        assert_eq!(figures.len(), 1);
+        let (world, figures) = &figures[0];
+        assert_eq!(world, "placer");
+        assert_eq!(figures.outcomes["placed"], 3);
+        assert_eq!(figures.failures["trap"], 1);
+        assert_eq!(figures.latency.count, 4);
+        assert!(metrics.plugin_figures("sha256:ef").is_empty());
+    }
+
+    #[test]
+    fn latency_quantiles_are_estimated_from_the_buckets_as_histogram_quantile_does() {
+        let mut latency = Latency::default();
+        assert_eq!(latency.quantile(0.5), None);
+        // Bucket bounds: 0.1 ms, 0.2 ms, 0.4 ms, …
+        for seconds in [0.00015, 0.00015, 0.0003, 0.0003] {
+            latency.observe(seconds);
+        }
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-12;
+        assert!(close(latency.quantile(0.5), 0.0002), "{latency:?}");
+        assert!(close(latency.quantile(0.75), 0.0003), "{latency:?}");
+        assert!(close(latency.quantile(1.0), 0.0004), "{latency:?}");
+        let buckets = latency.buckets();
+        assert_eq!(buckets.len(), DECISION_BUCKETS + 1);
+        assert_eq!(buckets[1], (Some(0.0002), 2));
+        assert_eq!(buckets[DECISION_BUCKETS], (None, 4));
+        // Past the last finite bound: that bound.
+        latency.observe(100.0);
+        let highest = buckets[DECISION_BUCKETS - 1].0.unwrap();
+        assert_eq!(latency.quantile(1.0), Some(highest));
+    }
 }

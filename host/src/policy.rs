@@ -320,8 +320,8 @@ pub struct PolicyHost {
     compile_slots: Slots,
     /// Components compiled by Cranelift since start (not those read back from disk).
     compiles: AtomicU64,
-    /// The names plugins were uploaded under, by id, for their log lines.
-    names: Mutex<HashMap<String, String>>,
+    /// The names and versions plugins were uploaded under, for their log lines and metrics.
+    names: Arc<Names>,
     idle: Mutex<Idle>,
     /// Where precompiled components are kept; `None` when profiling, because `perf` names
     /// guest functions only in code compiled in memory.
@@ -330,6 +330,23 @@ pub struct PolicyHost {
     /// The default policies shipped inside the binary, by id: loaded, and so hashed, once
     /// at start.
     built_ins: OnceLock<Vec<BuiltIn>>,
+}
+
+/// The name and version each plugin was uploaded under, by id (a built-in: its name and
+/// the server's version). One component is one plugin, so an id has one of each.
+#[derive(Debug, Default)]
+pub struct Names(Mutex<HashMap<String, (String, String)>>);
+
+impl Names {
+    pub fn set(&self, id: &str, name: &str, version: &str) {
+        (self.0.lock().expect("plugin names"))
+            .insert(id.to_owned(), (name.to_owned(), version.to_owned()));
+    }
+
+    /// The name and version of plugin `id`, when this process knows them.
+    pub fn get(&self, id: &str) -> Option<(String, String)> {
+        (self.0.lock().expect("plugin names")).get(id).cloned()
+    }
 }
 
 /// A default policy shipped inside the binary, loaded when the host starts.
@@ -464,7 +481,7 @@ impl PolicyHost {
             flights: Mutex::new(HashMap::new()),
             compile_slots: Slots::new(COMPILE_SLOTS),
             compiles: AtomicU64::new(0),
-            names: Mutex::new(HashMap::new()),
+            names: Arc::default(),
             idle: Mutex::new(Idle::default()),
             cache_dir: (!profiling).then_some(cache_dir),
             config_root,
@@ -475,7 +492,7 @@ impl PolicyHost {
             let loaded = host
                 .load(bytes)
                 .map_err(|e| anyhow::anyhow!("the built-in {name}: {}", e.message))?;
-            host.set_name(&loaded.id, name);
+            host.set_name(&loaded.id, name, env!("CARGO_PKG_VERSION"));
             built_ins.push(BuiltIn {
                 name,
                 size: bytes.len(),
@@ -525,16 +542,20 @@ impl PolicyHost {
         self.compiles.load(Ordering::Relaxed)
     }
 
-    /// Records the name plugin `id` was uploaded under, which its log lines carry.
-    pub fn set_name(&self, id: &str, name: &str) {
-        (self.names.lock().expect("plugin names")).insert(id.to_owned(), name.to_owned());
+    /// Records the name and version plugin `id` was uploaded under (a built-in: its name
+    /// and the server's version), which its log lines and its metrics carry.
+    pub fn set_name(&self, id: &str, name: &str, version: &str) {
+        self.names.set(id, name, version);
+    }
+
+    /// The names and versions of the plugins this process knows, by id: what the metrics
+    /// label each plugin's series with.
+    pub fn names(&self) -> Arc<Names> {
+        self.names.clone()
     }
 
     fn name_of(&self, id: &str) -> String {
-        (self.names.lock().expect("plugin names"))
-            .get(id)
-            .cloned()
-            .unwrap_or_else(|| id.to_owned())
+        (self.names.get(id)).map_or_else(|| id.to_owned(), |(name, _)| name)
     }
 
     /// Compiles (or fetches from the caches) the component `bytes` and checks it implements

@@ -115,6 +115,7 @@ on_both_databases!(
     built_in_plugins_are_listed_and_read_but_never_deleted_or_uploaded,
     plugins_page_by_id_with_the_built_ins_among_them,
     a_pools_policies_show_the_plugin_that_decides_each_policy,
+    per_plugin_figures_carry_name_and_version_in_metrics_and_graphql,
 );
 
 /// The built-in policies, by name.
@@ -668,4 +669,168 @@ async fn a_pools_policies_show_the_plugin_that_decides_each_policy(db: Db) {
         back["effective"]["placement"]["pluginId"],
         id_of("placer-default")
     );
+}
+
+/// Each plugin's figures are labelled in `/metrics` with its id, name and version (a
+/// built-in: its built-in name and the server's version), one series per plugin and world,
+/// and GraphQL's `Plugin` shows the same counts; a failing plugin is counted under its kind.
+async fn per_plugin_figures_carry_name_and_version_in_metrics_and_graphql(db: Db) {
+    let w = world(db).await;
+    let (status, placed) = w.create(&w.other_pool, "built-in-1", 1).await;
+    assert_eq!(status, StatusCode::OK, "{placed}");
+    let spread = w.upload("orl_placer_spread.wasm").await;
+    w.assign(&w.pool, json!({ "placement": spread["id"] }))
+        .await;
+    for key in ["spread-1", "spread-2", "spread-3"] {
+        let (status, r) = w.create(&w.pool, key, 1).await;
+        assert_eq!(
+            (status, r["state"].as_str()),
+            (StatusCode::OK, Some("placed")),
+            "{r}"
+        );
+    }
+    let trap = w.upload("trap.wasm").await;
+    w.assign(&w.other_pool, json!({ "placement": trap["id"] }))
+        .await;
+    for key in ["trap-1", "trap-2"] {
+        let (status, err) = w.create(&w.other_pool, key, 1).await;
+        assert_error(status, &err, StatusCode::BAD_GATEWAY, "POLICY_FAILED");
+    }
+
+    let (_, text) = w.server.anonymous().get("/metrics").await;
+    let text = text.as_str().unwrap().to_string();
+    let labels = |id: &Value, name: &str, version: &str| {
+        format!(
+            r#"plugin="{}",name="{name}",version="{version}",world="placer""#,
+            id.as_str().unwrap()
+        )
+    };
+    let value = |series: String| -> f64 {
+        (text.lines())
+            .find_map(|line| line.strip_prefix(&format!("{series} ")))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    let of_spread = labels(&spread["id"], "orl-placer-spread", "1.0.0");
+    let of_trap = labels(&trap["id"], "trap", "1.0.0");
+    for (series, count) in [
+        (
+            format!(r#"orl_policy_decisions_total{{{of_spread},outcome="placed"}}"#),
+            3.0,
+        ),
+        (
+            format!("orl_policy_decision_duration_seconds_count{{{of_spread}}}"),
+            3.0,
+        ),
+        (
+            format!(r#"orl_policy_decision_duration_seconds_bucket{{le="+Inf",{of_spread}}}"#),
+            3.0,
+        ),
+        (
+            format!(r#"orl_policy_decisions_total{{{of_trap},outcome="trap"}}"#),
+            2.0,
+        ),
+        (
+            format!(r#"orl_policy_failures_total{{{of_trap},kind="trap"}}"#),
+            2.0,
+        ),
+        (
+            format!("orl_policy_decision_duration_seconds_count{{{of_trap}}}"),
+            2.0,
+        ),
+    ] {
+        assert_eq!(value(series.clone()), count, "{series}");
+    }
+    let (_, listed) = w.server.admin().get("/v1/plugins").await;
+    let built_in = (listed["items"].as_array().unwrap().iter())
+        .find(|p| p["name"] == "placer-default")
+        .unwrap();
+    let of_built_in = labels(&built_in["id"], "placer-default", env!("CARGO_PKG_VERSION"));
+    assert!(
+        value(format!(
+            r#"orl_policy_decisions_total{{{of_built_in},outcome="placed"}}"#
+        )) >= 1.0,
+        "{text}"
+    );
+    for plugin in [&spread, &trap, built_in] {
+        let id = plugin["id"].as_str().unwrap();
+        let timed = (text.lines())
+            .filter(|l| l.starts_with("orl_policy_decision_duration_seconds_count{"))
+            .filter(|l| l.contains(&format!(r#"plugin="{id}""#)))
+            .count();
+        assert_eq!(timed, 1, "one series per plugin and world: {text}");
+    }
+
+    let query = "{ plugins(first: 500) { edges { node { id name version decisionCount failureCount decisions { world outcome count } failures { world kind count } latency { world count sumSeconds p50Seconds p99Seconds buckets { le count } } } } } }";
+    let (status, body) = w
+        .server
+        .admin()
+        .post("/graphql", json!({ "query": query }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.get("errors").is_none(), "{body}");
+    let node = |plugin: &Value| -> Value {
+        (body["data"]["plugins"]["edges"].as_array().unwrap().iter())
+            .map(|e| e["node"].clone())
+            .find(|n| n["id"] == plugin["id"])
+            .unwrap_or_else(|| panic!("{} not listed: {body}", plugin["id"]))
+    };
+    let shown = node(&spread);
+    assert_eq!(
+        (&shown["name"], &shown["version"]),
+        (&json!("orl-placer-spread"), &json!("1.0.0"))
+    );
+    assert_eq!(
+        shown["decisions"],
+        json!([{ "world": "placer", "outcome": "placed", "count": 3 }])
+    );
+    assert_eq!(shown["failures"], json!([]));
+    assert_eq!(
+        (&shown["decisionCount"], &shown["failureCount"]),
+        (&json!(3), &json!(0))
+    );
+    let latency = &shown["latency"][0];
+    assert_eq!(
+        (&latency["world"], &latency["count"]),
+        (&json!("placer"), &json!(3))
+    );
+    let sum = value(format!(
+        "orl_policy_decision_duration_seconds_sum{{{of_spread}}}"
+    ));
+    assert!(
+        (latency["sumSeconds"].as_f64().unwrap() - sum).abs() < 1e-9,
+        "{latency} {sum}"
+    );
+    let (p50, p99) = (
+        latency["p50Seconds"].as_f64().unwrap(),
+        latency["p99Seconds"].as_f64().unwrap(),
+    );
+    assert!(0.0 < p50 && p50 <= p99, "{latency}");
+    let buckets = latency["buckets"].as_array().unwrap();
+    assert_eq!(
+        buckets.last().unwrap(),
+        &json!({ "le": null, "count": 3 }),
+        "{latency}"
+    );
+    let le = buckets.iter().find(|b| b["count"] == 3).unwrap()["le"].as_f64();
+    assert!(le.is_none_or(|le| p99 <= le), "{latency}");
+
+    let shown = node(&trap);
+    assert_eq!(
+        shown["failures"],
+        json!([{ "world": "placer", "kind": "trap", "count": 2 }])
+    );
+    assert_eq!(
+        shown["decisions"],
+        json!([{ "world": "placer", "outcome": "trap", "count": 2 }])
+    );
+    assert_eq!(
+        (&shown["decisionCount"], &shown["failureCount"]),
+        (&json!(2), &json!(2))
+    );
+    assert_eq!(shown["latency"][0]["count"], 2);
+    let shown = node(built_in);
+    assert_eq!(shown["version"], env!("CARGO_PKG_VERSION"));
+    assert!(shown["decisionCount"].as_i64().unwrap() >= 1, "{shown}");
 }

@@ -234,13 +234,14 @@ async fn metrics_time_each_policy_decision_by_plugin_and_world(db: Db) {
         assert!(plugin.starts_with("sha256:"), "{plugin}");
         // Two placements, the pending one's first attempt and its retry.
         assert!(count >= 4.0, "{text}");
-        let timed = format!(
-            r#"orl_policy_decision_duration_seconds_count{{plugin="{plugin}",world="placer"}}"#
+        // The built-in placer: its built-in name and the server's version.
+        let labels = format!(
+            r#"plugin="{plugin}",name="placer-default",version="{}",world="placer""#,
+            env!("CARGO_PKG_VERSION")
         );
+        let timed = format!("orl_policy_decision_duration_seconds_count{{{labels}}}");
         assert_eq!(samples.get(&timed), Some(&count), "{text}");
-        let inf = format!(
-            r#"orl_policy_decision_duration_seconds_bucket{{le="+Inf",plugin="{plugin}",world="placer"}}"#
-        );
+        let inf = format!(r#"orl_policy_decision_duration_seconds_bucket{{le="+Inf",{labels}}}"#);
         assert_eq!(samples.get(&inf), Some(&count), "{text}");
     }
     // No plugin failed; the failure counter is declared all the same.

@@ -407,7 +407,7 @@ async fn resolve_now(
         Some(id) => match app.policy.cached(id) {
             Some(loaded) => loaded,
             None => {
-                let (name, bytes) = registry::stored(conn, id)
+                let (name, version, bytes) = registry::stored(conn, id)
                     .await?
                     .ok_or_else(|| anyhow::anyhow!("assigned plugin {id} is missing"))?;
                 let host = app.policy.clone();
@@ -415,7 +415,7 @@ async fn resolve_now(
                     .await
                     .map_err(|e| anyhow::anyhow!("loading a plugin: {e}"))?
                     .map_err(Error::PolicyFailed)?;
-                app.policy.set_name(&loaded.id, &name);
+                app.policy.set_name(&loaded.id, &name, &version);
                 loaded
             }
         },

@@ -117,6 +117,8 @@ pub async fn upload(
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
     if let Some(existing) = find(&mut tx, &loaded.id).await? {
+        app.policy
+            .set_name(&existing.id, &existing.name, &existing.version);
         return same_plugin(existing, name, version).map(|p| (p, false));
     }
     // A concurrent upload of the same bytes may have stored them since: then it is theirs.
@@ -141,6 +143,8 @@ pub async fn upload(
         let existing = find(&mut conn, &loaded.id)
             .await?
             .ok_or_else(|| anyhow::anyhow!("plugin vanished"))?;
+        app.policy
+            .set_name(&existing.id, &existing.name, &existing.version);
         return same_plugin(existing, name, version).map(|p| (p, false));
     }
     let entry = Entry {
@@ -156,7 +160,7 @@ pub async fn upload(
         .await?
         .ok_or_else(|| anyhow::anyhow!("plugin vanished"))?;
     tx.commit().await?;
-    app.policy.set_name(&plugin.id, name);
+    app.policy.set_name(&plugin.id, name, version);
     Ok((plugin, true))
 }
 
@@ -224,13 +228,16 @@ pub async fn find(conn: &mut AnyConnection, id: &str) -> Result<Option<Plugin>> 
     }
 }
 
-/// The name and component bytes of a stored plugin.
-pub async fn stored(conn: &mut AnyConnection, id: &str) -> Result<Option<(String, Vec<u8>)>> {
-    let row = sqlx::query("SELECT name, bytes FROM plugins WHERE id = $1")
+/// The name, version and component bytes of a stored plugin.
+pub async fn stored(
+    conn: &mut AnyConnection,
+    id: &str,
+) -> Result<Option<(String, String, Vec<u8>)>> {
+    let row = sqlx::query("SELECT name, version, bytes FROM plugins WHERE id = $1")
         .bind(id)
         .fetch_optional(conn)
         .await?;
-    Ok(row.map(|r| (r.get("name"), r.get("bytes"))))
+    Ok(row.map(|r| (r.get("name"), r.get("version"), r.get("bytes"))))
 }
 
 /// The pools the caller sees (those its org owns or is offered), or `None` for platform

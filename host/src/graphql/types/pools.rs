@@ -7,7 +7,7 @@ use async_graphql::connection::Connection;
 use async_graphql::{ComplexObject, Context, Json, Result, SimpleObject};
 
 use super::{api_name, json};
-use crate::graphql::decisions::{self, DecisionCount};
+use crate::graphql::decisions::{self, DecisionCount, DecisionLatency, FailureCount};
 use crate::graphql::{app, caller, limits, page};
 use crate::policy::{assignment, registry};
 use crate::pools::store;
@@ -246,17 +246,30 @@ impl From<registry::Plugin> for Plugin {
 
 impl Plugin {
     fn counted(&self, ctx: &Context<'_>) -> Vec<DecisionCount> {
-        decisions::by_plugin(&app(ctx).metrics)
-            .remove(&self.id)
-            .unwrap_or_default()
+        decisions::of_plugin(&app(ctx).metrics, &self.id).decisions
     }
 }
 
+// Its figures on this server since it started, read from what `/metrics` exposes for it
+// (`orl_policy_decisions_total`, `orl_policy_failures_total`,
+// `orl_policy_decision_duration_seconds`, labelled with its id, name and version).
 #[ComplexObject]
 impl Plugin {
-    /// Its decisions on this server since it started, by world and outcome.
+    /// Its decisions by world and outcome.
     async fn decisions(&self, ctx: &Context<'_>) -> Vec<DecisionCount> {
         self.counted(ctx)
+    }
+
+    /// Its failed calls by world and kind (`trap`, `deadline`, `memory`,
+    /// `invalid-answer`).
+    async fn failures(&self, ctx: &Context<'_>) -> Vec<FailureCount> {
+        decisions::of_plugin(&app(ctx).metrics, &self.id).failures
+    }
+
+    /// How long its calls took, per world: count, sum, p50 and p99 (estimated from the
+    /// buckets) and the buckets themselves. Empty before its first call.
+    async fn latency(&self, ctx: &Context<'_>) -> Vec<DecisionLatency> {
+        decisions::of_plugin(&app(ctx).metrics, &self.id).latency
     }
 
     /// How many decisions it made on this server since it started.
