@@ -85,16 +85,35 @@ pub struct Reclaim<'a> {
     pub lock: &'a str,
 }
 
+/// The spot workloads a reclaim terminated, and the pools whose capacity that freed.
+#[derive(Debug, Default)]
+pub struct Terminated {
+    /// Compute reservation ids, in the order they were terminated.
+    pub ids: Vec<String>,
+    pools: BTreeSet<String>,
+}
+
+impl Terminated {
+    /// Once the terminations committed: tries the waiting reservations of the pools they
+    /// freed capacity in again, at once, as a release does.
+    pub async fn wake_pools(&self, app: &App, node_id: &str) -> Result<()> {
+        for pool in &self.pools {
+            crate::reconciler::wake_pool(app, pool, &[node_id.to_string()]).await?;
+        }
+        Ok(())
+    }
+}
+
 /// Ends each of `ids` (spot workloads) as `released` with reason `capacity-reclaim`: its
 /// bookings end now, its quota is refunded, its event emitted and the termination audited.
-/// Answers the ids actually terminated (one that ended meanwhile is left out).
+/// Answers what it terminated (one that ended meanwhile is left out).
 pub async fn terminate_for_capacity(
     conn: &mut AnyConnection,
     ids: &[String],
     by: &Reclaim<'_>,
     now: i64,
-) -> Result<Vec<String>> {
-    let mut terminated = Vec::new();
+) -> Result<Terminated> {
+    let mut terminated = Terminated::default();
     for id in ids {
         let Some(mut r) = crate::booking::store::find(conn, id, by.lock).await? else {
             continue;
@@ -119,7 +138,8 @@ pub async fn terminate_for_capacity(
             })),
         };
         audit::record(conn, by.caller, entry, now).await?;
-        terminated.push(id.clone());
+        terminated.ids.push(id.clone());
+        terminated.pools.insert(r.pool_id);
     }
     Ok(terminated)
 }
@@ -193,8 +213,11 @@ pub async fn provider_reclaim(
     };
     let terminated = terminate_for_capacity(&mut tx, &workloads.spot, &by, now).await?;
     tx.commit().await?;
+    // Read by this replica's next decision at once, without waiting for the announcement.
+    app.capacity.forget(&[node_id.to_string()]).await;
+    terminated.wake_pools(app, node_id).await?;
     Ok(ReclaimOutcome {
-        terminated,
+        terminated: terminated.ids,
         skipped: workloads.other,
     })
 }

@@ -1,10 +1,11 @@
-//! A state-machine property test of the booking engine: random creates, releases,
-//! cancels, extends and clock steps go to the real server on a real database, and after
-//! each one the database is compared with a small model of DESIGN's rules: which units
-//! are booked and by whom, the quota in use, each reservation's state and end, and that
-//! nothing waits that could be placed. Each case runs in a pool, provider and tenant of
-//! its own on one server; the server's invariants (audit, events, no double booking) are
-//! checked when it stops.
+//! A state-machine property test of the booking engine: random creates (single, gangs and
+//! spot), releases, cancels, extends, spot reclaims and clock steps go to the real server on
+//! a real database, and after each one the database is compared with a small model of
+//! DESIGN's rules: which units are booked and by whom, each tenant's quota in use, each
+//! reservation's state and end, that spot work is the only work ever terminated for
+//! capacity, and that nothing waits that could be placed. Each case runs in a pool,
+//! provider and two tenants of its own on one server; the server's invariants (audit,
+//! events, no double booking) are checked when it stops.
 //!
 //! The operations come from a seeded generator (`ORL_MODEL_SEED` replays a run,
 //! `ORL_MODEL_CASES` sets how many cases, default 12); a failure names its seed, its case
@@ -22,15 +23,27 @@ on_both_databases!(the_booking_engine_follows_its_model_over_random_operations);
 
 const HOUR: i64 = 3_600_000;
 const GPUS_PER_NODE: i64 = 4;
-const QUOTA: i64 = 6;
+const NODES: usize = 3;
+const TENANTS: usize = 2;
+const QUOTA: i64 = 7;
 
-/// One step a tenant (or time) takes. Indices pick among the case's reservations.
+/// One step a tenant, the provider or time takes. Indices pick among the case's
+/// reservations (or nodes, for a reclaim).
 #[derive(Clone, Debug)]
 enum Op {
-    Create { gpus: i64, hours: i64 },
+    /// `members` nodes with `gpus` each (a gang when more than one).
+    Create {
+        tenant: usize,
+        gpus: i64,
+        members: i64,
+        hours: i64,
+        spot: bool,
+    },
     Release(usize),
     Cancel(usize),
     Extend(usize, i64),
+    /// The provider reclaims the spot work on a node.
+    Reclaim(usize),
     Step(i64),
 }
 
@@ -46,17 +59,29 @@ impl Lcg {
         (self.0 >> 33) % n
     }
 
-    /// One operation: creates weigh 4, releases and steps 2, cancels and extends 1.
+    /// One operation: creates weigh 6 (one in three spot, by the second tenant; one in six
+    /// a gang of two),
+    /// releases and steps 2, cancels, extends and reclaims 1.
     fn op(&mut self) -> Op {
         let index = self.below(16) as usize;
-        match self.below(10) {
-            0..=3 => Op::Create {
-                gpus: 1 + self.below(4) as i64,
-                hours: 1 + self.below(3) as i64,
-            },
-            4 | 5 => Op::Release(index),
-            6 => Op::Cancel(index),
-            7 => Op::Extend(index, 1 + self.below(2) as i64),
+        match self.below(13) {
+            0..=5 => {
+                let kind = self.below(6);
+                Op::Create {
+                    // One tenant books spot work, the other everything else: a tenant's
+                    // create that preempts its own spot work is charged after the refund,
+                    // which the model leaves out.
+                    tenant: usize::from(kind >= 4),
+                    gpus: 1 + self.below(if kind == 0 { 2 } else { 4 }) as i64,
+                    members: if kind == 0 { 2 } else { 1 },
+                    hours: 1 + self.below(3) as i64,
+                    spot: kind >= 4,
+                }
+            }
+            6 | 7 => Op::Release(index),
+            8 => Op::Cancel(index),
+            9 => Op::Extend(index, 1 + self.below(2) as i64),
+            10 => Op::Reclaim(index % NODES),
             _ => Op::Step([10_000, 30_000, HOUR / 2, HOUR][self.below(4) as usize]),
         }
     }
@@ -66,10 +91,14 @@ impl Lcg {
 #[derive(Clone, Debug)]
 struct Modelled {
     id: String,
+    tenant: usize,
+    /// GPUs per member.
     gpus: i64,
+    members: i64,
+    spot: bool,
     end: i64,
     state: String,
-    node: Option<String>,
+    nodes: BTreeSet<String>,
     units: BTreeSet<String>,
 }
 
@@ -82,10 +111,13 @@ impl Modelled {
     }
 }
 
-/// The rules: a request is placed when one node has that many units no live reservation
-/// holds, otherwise it waits (holding its quota); quota is charged from create to the end;
-/// a release ends a live reservation and cancels a waiting one; cancel withdraws what has
-/// not started; extend moves a live reservation's end; time activates and expires.
+/// The rules: a request is placed when `members` different nodes each have that many units
+/// no live reservation holds; a non-spot one that fits only with spot work terminated
+/// preempts it (a gang may instead wait); otherwise it waits, holding its quota. Quota is
+/// charged from create to the end, per member. A release ends a live reservation and
+/// cancels a waiting one; cancel withdraws what has not started; extend moves a live
+/// reservation's end; a reclaim ends the node's live spot work; time activates and
+/// expires.
 struct Model {
     now: i64,
     nodes: Vec<String>,
@@ -93,23 +125,26 @@ struct Model {
 }
 
 impl Model {
-    fn free_on(&self, node: &str) -> i64 {
+    /// The units of `node` that no live reservation holds, counting spot work's as free
+    /// with `spot_free`.
+    fn free_on(&self, node: &str, spot_free: bool) -> i64 {
         let held: usize = self
             .reservations
             .iter()
-            .filter(|r| r.live() && r.node.as_deref() == Some(node))
-            .map(|r| r.units.len())
+            .filter(|r| r.live() && !(spot_free && r.spot) && r.nodes.contains(node))
+            .map(|r| r.gpus as usize)
             .sum();
         GPUS_PER_NODE - held as i64
     }
-    fn fits(&self, gpus: i64) -> bool {
-        self.nodes.iter().any(|n| self.free_on(n) >= gpus)
+    fn fits(&self, gpus: i64, members: i64, spot_free: bool) -> bool {
+        let nodes = self.nodes.iter();
+        nodes.filter(|n| self.free_on(n, spot_free) >= gpus).count() as i64 >= members
     }
-    fn used(&self) -> i64 {
+    fn used(&self, tenant: usize) -> i64 {
         self.reservations
             .iter()
-            .filter(|r| r.charged())
-            .map(|r| r.gpus)
+            .filter(|r| r.charged() && r.tenant == tenant)
+            .map(|r| r.gpus * r.members)
             .sum()
     }
 }
@@ -117,8 +152,9 @@ impl Model {
 /// One case's world on the shared server.
 struct Case<'a> {
     server: &'a Server,
-    tenant: Api,
-    tenant_id: String,
+    provider: Api,
+    provider_id: String,
+    tenants: Vec<(Api, String)>,
     pool: String,
     model: Model,
     keys: usize,
@@ -128,13 +164,11 @@ impl Case<'_> {
     async fn open(server: &Server, n: usize, now: i64) -> Case<'_> {
         server.set_clock(now).await;
         let provider_id = format!("prov{n}");
-        let tenant_id = format!("ten{n}");
         let provider = server.org_with_key(&provider_id, "provider").await;
-        let nodes: Vec<String> = ["a", "b"].iter().map(|s| format!("c{n}{s}")).collect();
+        let nodes: Vec<String> = (0..NODES).map(|i| format!("c{n}n{i}")).collect();
         for node in &nodes {
             register_node(&provider, &provider_id, node, GPUS_PER_NODE as usize).await;
         }
-        let tenant = server.org_with_key(&tenant_id, "member").await;
         let admin = server.admin();
         let (status, pool) = admin
             .post(
@@ -144,17 +178,24 @@ impl Case<'_> {
             .await;
         assert_eq!(status, StatusCode::CREATED, "{pool}");
         let pool = pool["id"].as_str().unwrap().to_string();
-        let (status, offer) = admin
-            .post(
-                &format!("/v1/pools/{pool}/offers"),
-                json!({ "tenantId": tenant_id, "quota": { "gpu": QUOTA } }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{offer}");
+        let mut tenants = Vec::new();
+        for t in 0..TENANTS {
+            let tenant_id = format!("ten{n}t{t}");
+            let tenant = server.org_with_key(&tenant_id, "member").await;
+            let (status, offer) = admin
+                .post(
+                    &format!("/v1/pools/{pool}/offers"),
+                    json!({ "tenantId": tenant_id, "quota": { "gpu": QUOTA } }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{offer}");
+            tenants.push((tenant, tenant_id));
+        }
         Case {
             server,
-            tenant,
-            tenant_id,
+            provider,
+            provider_id,
+            tenants,
             pool,
             model: Model {
                 now,
@@ -165,9 +206,10 @@ impl Case<'_> {
         }
     }
 
-    async fn rpc(&self, method: &str, body: Value) -> (StatusCode, Value) {
-        self.tenant
-            .post(&format!("/api/compute/reservations/{method}"), body)
+    async fn rpc(&self, tenant: usize, method: &str, mut body: Value) -> (StatusCode, Value) {
+        let (api, tenant_id) = &self.tenants[tenant];
+        body["tenantId"] = json!(tenant_id);
+        api.post(&format!("/api/compute/reservations/{method}"), body)
             .await
     }
 
@@ -177,21 +219,31 @@ impl Case<'_> {
 
     /// Applies `op` to the server and to the model, checking the answer.
     async fn apply(&mut self, op: &Op) {
-        let step = matches!(op, Op::Step(_));
         let before: Vec<String> = self
             .model
             .reservations
             .iter()
             .map(|r| r.state.clone())
             .collect();
+        // Spot work the server may terminate for a placement during this step.
+        let mut may_preempt = matches!(op, Op::Step(_));
         match *op {
-            Op::Create { gpus, hours } => {
+            Op::Create {
+                tenant,
+                gpus,
+                members,
+                hours,
+                spot,
+            } => {
                 self.keys += 1;
-                let body = json!({ "tenantId": self.tenant_id, "poolId": self.pool,
+                let mut body = json!({ "poolId": self.pool,
                     "devices": [{ "class": "gpu", "count": gpus }], "duration": hours * 3600,
-                    "idempotencyKey": format!("k{}", self.keys) });
-                let (status, answer) = self.rpc("create", body).await;
-                if self.model.used() + gpus > QUOTA {
+                    "spot": spot, "idempotencyKey": format!("k{}", self.keys) });
+                if members > 1 {
+                    body["gang"] = json!({ "size": members });
+                }
+                let (status, answer) = self.rpc(tenant, "create", body).await;
+                if self.model.used(tenant) + gpus * members > QUOTA {
                     assert_eq!(
                         (status, answer["error"]["code"].as_str()),
                         (StatusCode::CONFLICT, Some("QUOTA_EXCEEDED")),
@@ -200,25 +252,34 @@ impl Case<'_> {
                     return;
                 }
                 assert_eq!(status, StatusCode::OK, "{answer}");
-                let expected = if self.model.fits(gpus) {
-                    "placed"
+                let m = &self.model;
+                let state = answer["state"].as_str().unwrap_or_default();
+                if m.fits(gpus, members, false) {
+                    assert_eq!(state, "placed", "{answer}");
+                } else if spot || !m.fits(gpus, members, true) {
+                    assert_eq!(state, "pending", "{answer}");
+                } else if members == 1 {
+                    assert_eq!(state, "placed", "spot work gives way: {answer}");
+                    may_preempt = true;
                 } else {
-                    "pending"
-                };
-                assert_eq!(answer["state"], expected, "{answer}");
+                    assert!(state == "placed" || state == "pending", "{answer}");
+                    may_preempt = true;
+                }
                 self.model.reservations.push(Modelled {
                     id: answer["id"].as_str().unwrap().to_string(),
+                    tenant,
                     gpus,
+                    members,
+                    spot,
                     end: self.model.now + hours * HOUR,
                     state: "pending".to_string(),
-                    node: None,
+                    nodes: BTreeSet::new(),
                     units: BTreeSet::new(),
                 });
             }
             Op::Release(i) => {
                 let Some(i) = self.pick(i) else { return };
-                let r = &self.model.reservations[i];
-                let (status, answer) = self.call("release", &r.id.clone()).await;
+                let (status, answer) = self.call(i, "release").await;
                 assert_eq!(status, StatusCode::OK, "{answer}");
                 let r = &mut self.model.reservations[i];
                 r.state = match r.state.as_str() {
@@ -230,8 +291,7 @@ impl Case<'_> {
             }
             Op::Cancel(i) => {
                 let Some(i) = self.pick(i) else { return };
-                let id = self.model.reservations[i].id.clone();
-                let (status, answer) = self.call("cancel", &id).await;
+                let (status, answer) = self.call(i, "cancel").await;
                 let r = &mut self.model.reservations[i];
                 match r.state.as_str() {
                     "pending" | "placed" | "cancelled" => {
@@ -251,9 +311,9 @@ impl Case<'_> {
                 let Some(i) = self.pick(i) else { return };
                 self.keys += 1;
                 let r = &self.model.reservations[i];
-                let body = json!({ "tenantId": self.tenant_id, "reservationId": r.id,
-                    "by": hours * 3600, "idempotencyKey": format!("e{}", self.keys) });
-                let (status, answer) = self.rpc("extend", body).await;
+                let body = json!({ "reservationId": r.id, "by": hours * 3600,
+                    "idempotencyKey": format!("e{}", self.keys) });
+                let (status, answer) = self.rpc(r.tenant, "extend", body).await;
                 let r = &mut self.model.reservations[i];
                 if r.live() {
                     assert_eq!(status, StatusCode::OK, "{answer}");
@@ -268,6 +328,28 @@ impl Case<'_> {
                     );
                 }
             }
+            Op::Reclaim(n) => {
+                let node = self.model.nodes[n].clone();
+                let path = format!(
+                    "/v1/orgs/{}/provider/nodes/{node}/reclaim-spot",
+                    self.provider_id
+                );
+                let (status, answer) = self.provider.post(&path, json!({})).await;
+                assert_eq!(status, StatusCode::OK, "{answer}");
+                let mut terminated = BTreeSet::new();
+                for r in &mut self.model.reservations {
+                    if r.spot && r.live() && r.nodes.contains(&node) {
+                        r.state = "released".to_string();
+                        terminated.insert(r.id.clone());
+                    }
+                }
+                let answered: BTreeSet<String> = (answer["terminated"].as_array())
+                    .map(|ids| ids.iter().filter_map(|id| id.as_str().map(str::to_string)))
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                assert_eq!(answered, terminated, "{answer}");
+            }
             Op::Step(ms) => {
                 self.model.now += ms;
                 self.server.set_clock(self.model.now).await;
@@ -281,27 +363,28 @@ impl Case<'_> {
                 }
             }
         }
-        self.check(&before, step).await;
+        self.check(&before, op, may_preempt).await;
     }
 
-    async fn call(&self, method: &str, id: &str) -> (StatusCode, Value) {
-        self.rpc(
-            method,
-            json!({ "tenantId": self.tenant_id, "reservationId": id }),
-        )
-        .await
+    async fn call(&self, i: usize, method: &str) -> (StatusCode, Value) {
+        let r = &self.model.reservations[i];
+        self.rpc(r.tenant, method, json!({ "reservationId": r.id }))
+            .await
     }
 
-    /// Compares the database with the model. The one move the model leaves to the server
-    /// is when a waiting reservation is placed; it must then fit, and afterwards nothing
-    /// that waits may fit anywhere.
-    async fn check(&mut self, before: &[String], step: bool) {
+    /// Compares the database with the model. The moves the model leaves to the server are
+    /// when a waiting reservation is placed (it must then fit in what the others leave, and
+    /// afterwards nothing that waits may fit anywhere), and, when a non-spot placement
+    /// could need it (`may_preempt`), which spot work it terminates.
+    async fn check(&mut self, before: &[String], op: &Op, may_preempt: bool) {
         let mut db = self.server.database().await;
+        let tenants: Vec<&str> = self.tenants.iter().map(|(_, id)| id.as_str()).collect();
         let rows = sqlx::query(
-            "SELECT id, state, end_ms, node_id FROM compute_reservations
-             WHERE tenant_id = $1 AND state <> 'draft'",
+            "SELECT id, state, end_ms, reason FROM compute_reservations
+             WHERE (tenant_id = $1 OR tenant_id = $2) AND state <> 'draft'",
         )
-        .bind(&self.tenant_id)
+        .bind(tenants[0])
+        .bind(tenants[1])
         .fetch_all(&mut db)
         .await
         .unwrap();
@@ -310,16 +393,16 @@ impl Case<'_> {
             .map(|r| {
                 (
                     r.get("id"),
-                    (r.get("state"), r.get("end_ms"), r.get("node_id")),
+                    (r.get("state"), r.get("end_ms"), r.get("reason")),
                 )
             })
             .collect();
         let rows = sqlx::query(
             "SELECT b.reservation_id, b.node_id, b.unit_id FROM bookings b
              JOIN compute_reservations r ON r.id = b.reservation_id
-             WHERE r.tenant_id = $1 AND b.active = $2",
+             WHERE r.pool_id = $1 AND b.active = $2",
         )
-        .bind(&self.tenant_id)
+        .bind(&self.pool)
         .bind(true)
         .fetch_all(&mut db)
         .await
@@ -336,18 +419,26 @@ impl Case<'_> {
             "reservations: {stored:?}"
         );
 
-        // States: what the model decided, or a waiting reservation placed by the server,
-        // which must have fit in what the others left.
+        // States: what the model decided; or a waiting reservation placed by the server,
+        // which must have fit in what the others left; or spot work preempted for a
+        // placement.
         let mut placed_now = Vec::new();
+        let mut preempted = Vec::new();
         for (i, r) in self.model.reservations.iter_mut().enumerate() {
-            let (state, end, _) = &stored[&r.id];
+            let (state, end, reason) = &stored[&r.id];
             let was = before.get(i).map_or("pending", String::as_str);
             if r.state == "pending" && state == "placed" {
                 placed_now.push(i);
+            } else if r.spot
+                && r.live()
+                && state == "released"
+                && reason.as_deref() == Some("preempted")
+            {
+                preempted.push(i);
             } else {
                 assert_eq!(
                     state, &r.state,
-                    "{}: was {was}, model says {}, server says {state} (step: {step})",
+                    "{}: was {was}, model says {}, server says {state} ({reason:?}) after {op:?}",
                     r.id, r.state
                 );
             }
@@ -355,26 +446,49 @@ impl Case<'_> {
                 assert_eq!(*end, r.end, "{}: end", r.id);
             }
         }
+        for &i in &preempted {
+            let r = &mut self.model.reservations[i];
+            assert!(
+                may_preempt,
+                "{} was preempted by {op:?}, which places no non-spot work",
+                r.id
+            );
+            r.state = "released".to_string();
+        }
+        let mut placed_non_spot = false;
         for i in placed_now {
             let r = &self.model.reservations[i];
             let (nodes, units) = booked.get(&r.id).cloned().unwrap_or_default();
-            assert_eq!(nodes.len(), 1, "{} placed on one node: {nodes:?}", r.id);
-            let node = nodes.into_iter().next().unwrap();
-            assert!(
-                self.model.free_on(&node) >= r.gpus,
-                "{} placed on {node} where {} of {} GPUs were free",
-                r.id,
-                self.model.free_on(&node),
-                r.gpus
+            assert_eq!(
+                nodes.len() as i64,
+                r.members,
+                "{} placed on one node per member: {nodes:?}",
+                r.id
             );
+            for node in &nodes {
+                let free = self.model.free_on(node, false);
+                assert!(
+                    free >= r.gpus,
+                    "{} placed on {node} where {free} of {} GPUs were free",
+                    r.id,
+                    r.gpus
+                );
+            }
+            placed_non_spot |= !r.spot;
             let r = &mut self.model.reservations[i];
             r.state = "placed".to_string();
-            r.node = Some(node);
+            r.nodes = nodes;
             r.units = units;
         }
+        if !preempted.is_empty() && matches!(op, Op::Step(_)) {
+            assert!(
+                placed_non_spot,
+                "spot work was preempted while no waiting non-spot reservation was placed"
+            );
+        }
 
-        // Units: a live reservation holds exactly its GPUs, on its node, and no unit twice;
-        // nothing else holds any.
+        // Units: a live reservation holds exactly its GPUs, on one node per member, and no
+        // unit twice; nothing else holds any.
         let mut seen = BTreeSet::new();
         for r in &mut self.model.reservations {
             let held = booked.remove(&r.id);
@@ -383,42 +497,57 @@ impl Case<'_> {
                 continue;
             }
             let (nodes, units) = held.unwrap_or_default();
-            assert_eq!(units.len() as i64, r.gpus, "{} holds {units:?}", r.id);
-            assert_eq!(nodes.len(), 1, "{} spans {nodes:?}", r.id);
-            let node = nodes.into_iter().next();
-            if r.node.is_some() {
-                assert_eq!(r.node, node, "{} moved", r.id);
+            assert_eq!(
+                units.len() as i64,
+                r.gpus * r.members,
+                "{} holds {units:?}",
+                r.id
+            );
+            assert_eq!(nodes.len() as i64, r.members, "{} spans {nodes:?}", r.id);
+            if !r.nodes.is_empty() {
+                assert_eq!(r.nodes, nodes, "{} moved", r.id);
                 assert_eq!(r.units, units, "{} changed units", r.id);
             }
-            r.node = node;
+            r.nodes = nodes;
             for unit in &units {
                 assert!(seen.insert(unit.clone()), "{unit} booked twice");
             }
             r.units = units;
         }
+        assert!(
+            booked.is_empty(),
+            "bookings of no live reservation: {booked:?}"
+        );
         for node in &self.model.nodes {
-            assert!(self.model.free_on(node) >= 0, "{node} over-booked");
+            assert!(self.model.free_on(node, false) >= 0, "{node} over-booked");
         }
 
-        // Quota: charged from create to the end, once.
-        let used: Option<i64> = sqlx::query_scalar(
-            "SELECT used FROM quota_usage WHERE pool_id = $1 AND tenant_id = $2 AND resource = 'gpu'",
-        )
-        .bind(&self.pool)
-        .bind(&self.tenant_id)
-        .fetch_optional(&mut db)
-        .await
-        .unwrap();
-        assert_eq!(used.unwrap_or(0), self.model.used(), "quota in use");
+        // Quota: charged from create to the end, once, and refunded to the preempted.
+        for (t, tenant_id) in tenants.iter().enumerate() {
+            let used: Option<i64> = sqlx::query_scalar(
+                "SELECT used FROM quota_usage WHERE pool_id = $1 AND tenant_id = $2 AND resource = 'gpu'",
+            )
+            .bind(&self.pool)
+            .bind(tenant_id)
+            .fetch_optional(&mut db)
+            .await
+            .unwrap();
+            assert_eq!(
+                used.unwrap_or(0),
+                self.model.used(t),
+                "{tenant_id}'s quota in use"
+            );
+        }
 
         // Nothing waits that fits: capacity that frees goes to the waiting at once.
         for r in &self.model.reservations {
             if r.state == "pending" {
                 assert!(
-                    !self.model.fits(r.gpus),
-                    "{} waits for {} GPUs while a node has them free",
+                    !self.model.fits(r.gpus, r.members, false),
+                    "{} waits for {} GPUs on {} nodes while they are free",
                     r.id,
-                    r.gpus
+                    r.gpus,
+                    r.members
                 );
             }
         }

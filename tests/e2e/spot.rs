@@ -165,6 +165,7 @@ on_both_databases!(
     a_custom_preemptor_plugin_chooses_the_victims,
     spot_requests_never_preempt_and_non_spot_work_is_never_preempted,
     sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once,
+    a_reclaim_hands_the_units_it_frees_to_waiting_reservations_at_once,
 );
 
 async fn a_strangers_spot_booking_lands_on_released_units_and_non_spot_does_not(db: Db) {
@@ -433,6 +434,7 @@ async fn a_managing_org_reaches_only_released_units_of_reservations_it_manages_i
 /// buys spot) and `buyer` (who does not), 16 GPUs of quota each.
 struct Contest {
     server: Server,
+    acme: Api,
     spotter: Api,
     buyer: Api,
     pool: String,
@@ -467,6 +469,7 @@ async fn contest(db: Db, nodes: usize) -> Contest {
     }
     Contest {
         server,
+        acme,
         spotter,
         buyer,
         pool,
@@ -626,6 +629,30 @@ async fn spot_requests_never_preempt_and_non_spot_work_is_never_preempted(db: Db
     assert_eq!(c.get("spotter", &spot).await["state"], "placed");
     assert!(c.preemptions().await.is_empty());
     assert_eq!(c.used("spotter").await, 4 + 2);
+}
+
+async fn a_reclaim_hands_the_units_it_frees_to_waiting_reservations_at_once(db: Db) {
+    let c = contest(db, 1).await;
+    let (older, newer) = c.two_spot_jobs().await;
+    let waiting = c.create("buyer", "waiting", 4, true).await;
+    assert_eq!(waiting["state"], "pending", "spot never preempts spot");
+
+    let (status, body) = c
+        .acme
+        .post("/v1/orgs/acme/provider/nodes/n1/reclaim-spot", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut terminated = vec![older["id"].clone(), newer["id"].clone()];
+    terminated.sort_by_key(|v| v.as_str().unwrap().to_string());
+    let mut answered = body["terminated"].as_array().unwrap().clone();
+    answered.sort_by_key(|v| v.as_str().unwrap().to_string());
+    assert_eq!(answered, terminated);
+    // No clock step: the reconciler's 30-second retry has not come.
+    assert_eq!(
+        c.get("buyer", &waiting).await["state"],
+        "placed",
+        "the waiting reservation is placed as the reclaim commits"
+    );
 }
 
 async fn sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once(db: Db) {

@@ -519,7 +519,7 @@ pub async fn reclaim(
     let terminated = spot::terminate_for_capacity(&mut tx, &workloads.spot, &by, now).await?;
     let details = json!({
         "unitIds": body.unit_ids,
-        "terminated": terminated,
+        "terminated": terminated.ids,
         "skipped": workloads.other,
     });
     let change = Change {
@@ -530,8 +530,9 @@ pub async fn reclaim(
     };
     record_change(&mut tx, caller, &node, &record, change, now).await?;
     commit(app, tx, &node.id).await?;
+    terminated.wake_pools(app, &node.id).await?;
     let mut view = record.view(now);
-    view.terminated = Some(terminated);
+    view.terminated = Some(terminated.ids);
     view.skipped = Some(workloads.other);
     Ok(view)
 }
