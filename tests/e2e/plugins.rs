@@ -365,11 +365,35 @@ async fn a_pool_may_fall_back_to_the_default_when_its_plugin_fails(db: Db) {
         (StatusCode::OK, Some("placed")),
         "{r}"
     );
-    let placed_by = r["placement"]["placedBy"].as_str().unwrap();
+    // The built-in WebAssembly placer decided, and the placement names it by id.
+    let (_, plugins) = w.server.admin().get("/v1/plugins").await;
+    let built_in = plugins["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["builtIn"] == true && p["world"] == "placer")
+        .unwrap_or_else(|| panic!("no built-in placer listed: {plugins}"));
+    assert_eq!(r["placement"]["placedBy"], built_in["id"], "{r}");
+    let (status, listed) = w
+        .server
+        .admin()
+        .get(&format!("/v1/plugins/{}", r["placement"]["placedBy"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    // The plugin's failure is still counted against it.
+    let (_, metrics) = w
+        .server
+        .anonymous()
+        .raw(reqwest::Method::GET, "/metrics", None, None)
+        .await;
+    let trap_id = trap["id"].as_str().unwrap();
     assert!(
-        placed_by.starts_with("native:placer-default (fallback: sha256:")
-            && placed_by.contains("trap"),
-        "{placed_by}"
+        metrics.as_str().unwrap_or_default().lines().any(|l| {
+            l.starts_with("orl_policy_failures_total")
+                && l.contains(&format!("plugin=\"{trap_id}\""))
+                && l.contains("kind=\"trap\"")
+        }),
+        "{metrics}"
     );
 }
 

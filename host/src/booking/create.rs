@@ -496,39 +496,40 @@ pub(super) async fn judge_spending(
     let Spending { charge, budget } = spending;
     let world = crate::policy::World::SpendGuard;
     let guard = crate::policy::assignment::resolve(app, conn, at, &pool.id, world).await?;
-    let started = std::time::Instant::now();
-    let outcome = tokio::task::block_in_place(|| {
-        app.policy.spend(
-            &guard.loaded,
-            charge,
-            budget,
-            guard.config.as_ref(),
-            guard.deadline_ms,
-        )
-    });
-    let label = match &outcome {
-        Ok(Ok(())) => "allowed",
-        Ok(Err(_)) => "refused",
-        Err(failure) => {
-            app.metrics.observe_policy_failure(
-                &guard.loaded.id,
-                "spend-guard",
-                failure.kind.as_str(),
-            );
-            failure.kind.as_str()
-        }
+    let decide = |loaded: &crate::policy::Loaded, config: Option<&serde_json::Value>| {
+        let started = std::time::Instant::now();
+        let outcome = tokio::task::block_in_place(|| {
+            app.policy
+                .spend(loaded, charge, budget, config, guard.deadline_ms)
+        });
+        let label = match &outcome {
+            Ok(Ok(())) => "allowed",
+            Ok(Err(_)) => "refused",
+            Err(failure) => {
+                let kind = failure.kind.as_str();
+                app.metrics
+                    .observe_policy_failure(&loaded.id, "spend-guard", kind);
+                kind
+            }
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        app.metrics
+            .observe_decision(&loaded.id, "spend-guard", label, seconds);
+        outcome
     };
-    app.metrics.observe_decision(
-        &guard.loaded.id,
-        "spend-guard",
-        label,
-        started.elapsed().as_secs_f64(),
-    );
+    // On a failure with `fallback`, the built-in component decides (with no config).
+    let outcome = match decide(&guard.loaded, guard.config.as_ref()) {
+        Err(failure) if guard.fallback => {
+            tracing::warn!(plugin = %failure.plugin_id, kind = failure.kind.as_str(), message = %failure.message, "spend-guard plugin failed; using the built-in default");
+            let default = (app.policy.default_for(world))
+                .ok_or_else(|| anyhow::anyhow!("no built-in spend-guard"))?;
+            decide(&default, None)
+        }
+        outcome => outcome,
+    };
     match outcome {
         Ok(Ok(())) => Ok(()),
         Ok(Err(reason)) => Err(Error::SpendLimitReached(reason.chars().take(500).collect())),
-        Err(_) if guard.fallback => orl_spend_guard_default::decide(charge, budget)
-            .map_err(|r| Error::SpendLimitReached(r.into_reason())),
         Err(failure) => Err(Error::PolicyFailed(failure)),
     }
 }

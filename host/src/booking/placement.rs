@@ -57,8 +57,9 @@ pub trait Placer: Send + Sync {
     ) -> std::result::Result<(Choice, String), Refusal>;
 }
 
-/// The default placement policy (NVLink-aware best fit) run natively: the fallback when a
-/// pool's plugin fails and `onPolicyFailure` is `fallback`, and the benchmark's baseline.
+/// The default placement policy (NVLink-aware best fit) run natively: availability
+/// searches and the benchmark's baseline. Pools decide through the WebAssembly component,
+/// the fallback included.
 pub struct NativeDefault;
 
 impl Placer for NativeDefault {

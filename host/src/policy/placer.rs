@@ -9,7 +9,7 @@ use wasmtime::component::{ComponentType, Lower};
 use super::bindings::placer::orl::policy::types as wit;
 use super::{Failure, FailureKind, Loaded, PolicyHost};
 use crate::booking::placement::{
-    Candidates, Choice, NativeDefault, PlacementRequest, Placer, PolicyClass, Refusal, check_choice,
+    Candidates, Choice, PlacementRequest, Placer, PolicyClass, Refusal, check_choice,
 };
 use crate::metrics::Metrics;
 
@@ -25,69 +25,72 @@ pub struct WasmPlacer {
     pub metrics: Arc<Metrics>,
 }
 
-impl Placer for WasmPlacer {
-    fn id(&self) -> String {
-        self.loaded.id.clone()
-    }
-
-    fn place(
+impl WasmPlacer {
+    /// Runs the placer `loaded` and checks its answer, counting the decision.
+    fn decide(
         &self,
+        loaded: &Loaded,
+        config: Option<&Value>,
         request: &PlacementRequest,
         candidates: &Candidates,
-    ) -> Result<(Choice, String), Refusal> {
+    ) -> Result<Result<Choice, String>, Failure> {
         let started = std::time::Instant::now();
         let outcome = self
             .host
-            .place(
-                &self.loaded,
-                request,
-                candidates,
-                self.config.as_ref(),
-                self.deadline_ms,
-            )
+            .place(loaded, request, candidates, config, self.deadline_ms)
             .and_then(|answer| match answer {
                 Ok(choice) => check_choice(request, candidates, &choice)
                     .map(|()| Ok(choice))
                     .map_err(|message| Failure {
-                        plugin_id: self.loaded.id.clone(),
+                        plugin_id: loaded.id.clone(),
                         kind: FailureKind::InvalidAnswer,
                         message,
                     }),
                 Err(reason) => Ok(Err(reason)),
             });
-        let seconds = started.elapsed().as_secs_f64();
-        match outcome {
-            Ok(Ok(choice)) => {
-                self.metrics
-                    .observe_decision(&self.loaded.id, "placer", "placed", seconds);
-                Ok((choice, self.loaded.id.clone()))
-            }
-            Ok(Err(reason)) => {
-                self.metrics
-                    .observe_decision(&self.loaded.id, "placer", "unschedulable", seconds);
-                Err(Refusal::Unschedulable(reason.chars().take(500).collect()))
-            }
+        let outcome_label = match &outcome {
+            Ok(Ok(_)) => "placed",
+            Ok(Err(_)) => "unschedulable",
             Err(failure) => {
                 let kind = failure.kind.as_str();
-                self.metrics
-                    .observe_decision(&self.loaded.id, "placer", kind, seconds);
-                self.metrics
-                    .observe_policy_failure(&self.loaded.id, "placer", kind);
-                tracing::warn!(plugin = %failure.plugin_id, kind = failure.kind.as_str(), message = %failure.message, "placement plugin failed");
-                if self.fallback {
-                    let (choice, native) = NativeDefault.place(request, candidates)?;
-                    Ok((
-                        choice,
-                        format!(
-                            "{native} (fallback: {} failed with {})",
-                            failure.plugin_id,
-                            failure.kind.as_str()
-                        ),
-                    ))
-                } else {
-                    Err(Refusal::Failed(failure))
-                }
+                self.metrics.observe_policy_failure(&loaded.id, "placer", kind);
+                tracing::warn!(plugin = %failure.plugin_id, kind, message = %failure.message, "placement plugin failed");
+                kind
             }
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics
+            .observe_decision(&loaded.id, "placer", outcome_label, seconds);
+        outcome
+    }
+}
+
+impl Placer for WasmPlacer {
+    fn id(&self) -> String {
+        self.loaded.id.clone()
+    }
+
+    /// The pool's plugin decides; when it fails and the pool says `fallback`, the built-in
+    /// default (the same WebAssembly component a pool without a placer runs, with no
+    /// config) decides instead, and the placement names it.
+    fn place(
+        &self,
+        request: &PlacementRequest,
+        candidates: &Candidates,
+    ) -> Result<(Choice, String), Refusal> {
+        let config = self.config.as_ref();
+        let (outcome, decided_by) = match self.decide(&self.loaded, config, request, candidates) {
+            Err(_) if self.fallback => {
+                let default = self.host.default_placer();
+                let outcome = self.decide(&default, None, request, candidates);
+                (outcome, default.id.clone())
+            }
+            outcome => (outcome, self.loaded.id.clone()),
+        };
+        match outcome {
+            Ok(Ok(choice)) => Ok((choice, decided_by)),
+            Ok(Err(reason)) => Err(Refusal::Unschedulable(reason.chars().take(500).collect())),
+            Err(failure) => Err(Refusal::Failed(failure)),
         }
     }
 }
