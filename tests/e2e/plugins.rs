@@ -377,7 +377,10 @@ async fn a_pool_may_fall_back_to_the_default_when_its_plugin_fails(db: Db) {
     let (status, listed) = w
         .server
         .admin()
-        .get(&format!("/v1/plugins/{}", r["placement"]["placedBy"].as_str().unwrap()))
+        .get(&format!(
+            "/v1/plugins/{}",
+            r["placement"]["placedBy"].as_str().unwrap()
+        ))
         .await;
     assert_eq!(status, StatusCode::OK, "{listed}");
     // The plugin's failure is still counted against it.

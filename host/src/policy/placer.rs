@@ -53,7 +53,8 @@ impl WasmPlacer {
             Ok(Err(_)) => "unschedulable",
             Err(failure) => {
                 let kind = failure.kind.as_str();
-                self.metrics.observe_policy_failure(&loaded.id, "placer", kind);
+                self.metrics
+                    .observe_policy_failure(&loaded.id, "placer", kind);
                 tracing::warn!(plugin = %failure.plugin_id, kind, message = %failure.message, "placement plugin failed");
                 kind
             }
