@@ -17,6 +17,7 @@ mod dashboard;
 mod devices;
 mod earnings;
 mod events_stream;
+mod examples;
 mod fleet;
 mod graphql;
 mod hostile_input;
