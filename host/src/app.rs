@@ -44,11 +44,14 @@ impl App {
         node_lost_after_ms: i64,
     ) -> Arc<App> {
         let capacity = Arc::new(crate::capacity::View::new(&store));
+        let replica = crate::ids::new_id("rep", clock.now_ms());
+        // Plugins' log lines carry the server's time and this replica's id.
+        policy.logs().attach(clock.clone(), &replica);
         Arc::new(App {
             placements: crate::booking::group::Group::new(capacity.clone()),
             capacity,
             settings: crate::settings::Settings::default(),
-            replica: crate::ids::new_id("rep", clock.now_ms()),
+            replica,
             store,
             clock,
             metrics: Arc::new(Metrics::with_names(policy.names())),

@@ -30,6 +30,7 @@
 pub mod assignment;
 mod bindings;
 pub mod imports;
+pub mod logs;
 pub mod placer;
 pub mod registry;
 
@@ -134,6 +135,8 @@ pub struct PluginState {
     /// When the running decision's deadline passes.
     expires: Instant,
     log: bindings::LogBudget,
+    /// Where the plugin's admitted log lines are kept ([`logs`]).
+    logs: Arc<logs::PluginLogs>,
 }
 
 impl PluginState {
@@ -148,6 +151,15 @@ impl PluginState {
                 "a plugin call logged past its cap of {} lines or {} bytes; the rest were dropped",
                 bindings::LOG_LINES_PER_CALL,
                 bindings::LOG_BYTES_PER_CALL,
+            );
+            self.logs.push(
+                &self.plugin_id,
+                logs::Level::Warn,
+                &format!(
+                    "{dropped} lines of this call were dropped: a call may log {} lines or {} bytes",
+                    bindings::LOG_LINES_PER_CALL,
+                    bindings::LOG_BYTES_PER_CALL,
+                ),
             );
         }
     }
@@ -323,6 +335,8 @@ pub struct PolicyHost {
     /// The names and versions plugins were uploaded under, for their log lines and metrics.
     names: Arc<Names>,
     idle: Mutex<Idle>,
+    /// The last log lines of each plugin this process ran.
+    logs: Arc<logs::PluginLogs>,
     /// Where precompiled components are kept; `None` when profiling, because `perf` names
     /// guest functions only in code compiled in memory.
     cache_dir: Option<PathBuf>,
@@ -483,6 +497,7 @@ impl PolicyHost {
             compiles: AtomicU64::new(0),
             names: Arc::default(),
             idle: Mutex::new(Idle::default()),
+            logs: Arc::default(),
             cache_dir: (!profiling).then_some(cache_dir),
             config_root,
             built_ins: OnceLock::new(),
@@ -552,6 +567,11 @@ impl PolicyHost {
     /// label each plugin's series with.
     pub fn names(&self) -> Arc<Names> {
         self.names.clone()
+    }
+
+    /// The last log lines of each plugin this process ran.
+    pub fn logs(&self) -> &logs::PluginLogs {
+        &self.logs
     }
 
     fn name_of(&self, id: &str) -> String {
@@ -713,6 +733,7 @@ impl PolicyHost {
             },
             expires,
             log: bindings::LogBudget::default(),
+            logs: self.logs.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);

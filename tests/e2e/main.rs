@@ -32,6 +32,7 @@ mod orgs;
 mod paging;
 mod plugin_assignment;
 mod plugin_containment;
+mod plugin_logs;
 mod plugins;
 mod races;
 mod route_sweep;

@@ -67,6 +67,43 @@ impl Client {
         }
     }
 
+    /// The id of the plugin `plugin` names: an id (`sha256:…`) as it is, or the name of
+    /// exactly one of the plugins the key sees, built-ins included (every page is read).
+    pub async fn plugin_id(&self, plugin: &str) -> anyhow::Result<String> {
+        if plugin.starts_with("sha256:") {
+            return Ok(plugin.to_string());
+        }
+        let mut named: Vec<(String, String)> = Vec::new();
+        let mut path = "/v1/plugins?limit=200".to_string();
+        loop {
+            let page = self.get(&path).await?;
+            named.extend(
+                (page["items"].as_array().into_iter().flatten())
+                    .filter(|p| p["name"] == plugin)
+                    .filter_map(|p| {
+                        let id = p["id"].as_str()?.to_string();
+                        Some((id, p["version"].as_str().unwrap_or("").to_string()))
+                    }),
+            );
+            match page["cursor"].as_str() {
+                Some(cursor) => path = format!("/v1/plugins?limit=200&cursor={cursor}"),
+                None => break,
+            }
+        }
+        match named.as_slice() {
+            [(id, _)] => Ok(id.clone()),
+            [] => Err(anyhow!("no plugin named {plugin:?} is visible to this key")),
+            found => Err(anyhow!(
+                "{} plugins are named {plugin:?} ({}): give the id",
+                found.len(),
+                (found.iter())
+                    .map(|(id, version)| format!("{id} version {version}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
         self.send(Method::GET, path, Body::None).await
     }

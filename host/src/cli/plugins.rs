@@ -41,6 +41,15 @@ pub enum PluginsCommand {
         /// The plugin's id, `sha256:<hex>`.
         id: String,
     },
+    /// The last lines a plugin logged, newest first, as kept by the server that answers:
+    /// each server (replica) keeps the last 200 lines of each plugin in memory, from the
+    /// decisions it ran, until it restarts.
+    Logs {
+        /// The plugin: its id (`sha256:<hex>`) or its name (e.g. `placer-default`).
+        plugin: String,
+        #[command(flatten)]
+        page: Paging,
+    },
 }
 
 impl PoliciesCommand {
@@ -154,6 +163,15 @@ pub(super) async fn run_plugins(client: &Client, command: PluginsCommand) -> any
         PluginsCommand::Delete { id } => {
             client.delete(&format!("/v1/plugins/{id}")).await?;
             (json!({ "deleted": id }), render::object)
+        }
+        PluginsCommand::Logs { plugin, page } => {
+            let id = client.plugin_id(&plugin).await?;
+            (
+                client
+                    .get(&page.on(format!("/v1/plugins/{id}/logs")))
+                    .await?,
+                render::plugin_logs,
+            )
         }
     })
 }

@@ -653,6 +653,18 @@ pub fn plugin(value: &Value) -> String {
     table(&PLUGIN_HEADER, [plugin_row(value)])
 }
 
+/// A plugin's log lines, newest first.
+pub fn plugin_logs(value: &Value) -> String {
+    let rows = value["items"].as_array().into_iter().flatten().map(|l| {
+        ["id", "at", "level", "replica", "message"]
+            .iter()
+            .map(|f| cell(&l[*f]))
+            .collect()
+    });
+    let out = table(&["id", "at", "level", "replica", "message"], rows);
+    more(out, value, "--cursor")
+}
+
 /// A pool's policies, one row per setting: each policy's plugin, the one assigned or the
 /// built-in default that decides when none is.
 pub fn policies(value: &Value) -> String {

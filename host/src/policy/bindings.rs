@@ -89,12 +89,25 @@ impl log::Host for super::PluginState {
             return;
         };
         let (plugin, plugin_id) = (&*self.plugin_name, &*self.plugin_id);
-        match level {
-            Level::Debug => tracing::debug!(plugin, plugin_id, "{message}"),
-            Level::Info => tracing::info!(plugin, plugin_id, "{message}"),
-            Level::Warn => tracing::warn!(plugin, plugin_id, "{message}"),
-            Level::Error => tracing::error!(plugin, plugin_id, "{message}"),
-        }
+        let kept = match level {
+            Level::Debug => {
+                tracing::debug!(plugin, plugin_id, "{message}");
+                super::logs::Level::Debug
+            }
+            Level::Info => {
+                tracing::info!(plugin, plugin_id, "{message}");
+                super::logs::Level::Info
+            }
+            Level::Warn => {
+                tracing::warn!(plugin, plugin_id, "{message}");
+                super::logs::Level::Warn
+            }
+            Level::Error => {
+                tracing::error!(plugin, plugin_id, "{message}");
+                super::logs::Level::Error
+            }
+        };
+        self.logs.push(plugin_id, kept, message);
     }
 }
 

@@ -358,5 +358,6 @@ pub async fn delete(app: &App, caller: &Principal, id: &str) -> Result<()> {
     };
     audit::record(&mut tx, caller, entry, now).await?;
     tx.commit().await?;
+    app.policy.logs().forget(id);
     Ok(())
 }

@@ -12,14 +12,16 @@ use crate::api::error::ErrorEnvelope;
 use crate::api::extract::{Json, Path, Query, RawBody};
 use crate::iam::Principal;
 use crate::policy::assignment::{self, PoolPolicies, PoolPoliciesPatch};
+use crate::policy::logs::{LINES_PER_PLUGIN, LogLine};
 use crate::policy::registry::{self, MAX_PLUGIN_BYTES, Plugin};
-use crate::{App, Result};
+use crate::{App, Error, Result, validation};
 
 pub fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::new()
         .routes(routes!(upload, list_plugins))
         .layer(DefaultBodyLimit::max(MAX_PLUGIN_BYTES))
         .routes(routes!(get_plugin, delete_plugin))
+        .routes(routes!(plugin_logs))
         .routes(routes!(put_policies, patch_policies, get_policies))
 }
 
@@ -82,6 +84,51 @@ async fn get_plugin(
     Path(id): Path<String>,
 ) -> Result<Json<Plugin>> {
     Ok(Json(registry::get(&app, &caller, &id).await?))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct LogsQuery {
+    /// 1-200, default 50.
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<i64>,
+    /// The `cursor` of the previous page: the id of its last line.
+    #[param(pattern = r"^[0-9]{1,20}$", max_length = 20)]
+    cursor: Option<String>,
+}
+
+/// The last lines a plugin logged, on the replica that answers, newest first.
+///
+/// What the plugin logged (WIT `orl:policy/log`), a page at a time (the cursor is a line's
+/// id). Each replica keeps, in memory, the last 200 lines of each plugin from the
+/// decisions it ran, and loses them when it restarts; another replica has its own. A line
+/// past a call's cap (64 lines or 16 KiB) is not kept: one `warn` line says how many were
+/// dropped. Readable by whoever may read the plugin (`GET /v1/plugins/{id}`).
+#[utoipa::path(get, path = "/v1/plugins/{id}/logs", tag = "plugins",
+    params(("id" = String, Path), LogsQuery),
+    responses((status = 200, body = Page<LogLine>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
+async fn plugin_logs(
+    State(app): State<Arc<App>>,
+    caller: Principal,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> Result<Json<Page<LogLine>>> {
+    let limit = q.limit.unwrap_or(50);
+    validation::range("limit", limit, 1, LINES_PER_PLUGIN as i64)?;
+    let before = q
+        .cursor
+        .map(|c| {
+            c.parse::<u64>()
+                .map_err(|_| Error::invalid("cursor", "not a cursor from this API"))
+        })
+        .transpose()?;
+    let plugin = registry::get(&app, &caller, &id).await?;
+    let lines = app
+        .policy
+        .logs()
+        .newest(&plugin.id, before, limit as usize + 1);
+    Ok(Json(page(lines, limit, |l| l.id.clone())))
 }
 
 /// Delete a plugin; refused (`409 CONFLICT`) while a pool uses it, and for a built-in.
