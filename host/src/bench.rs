@@ -66,6 +66,19 @@ pub fn snapshot(count: usize, rng: &mut StdRng) -> Candidates {
     candidates
 }
 
+/// The node facts of `candidates` as a pool of [`snapshot`]'s nodes would have them: a
+/// name, a region and two labels per node.
+fn facts(candidates: &Candidates) -> crate::booking::placement::NodeFacts {
+    let mut facts = crate::booking::placement::NodeFacts::default();
+    for id in &candidates.nodes.id {
+        let name = format!("node-{id:05}");
+        let rack = format!("r{:03}", id / 40);
+        let labels = [("rack", rack.as_str()), ("tier", "standard")];
+        facts.push(&name, Some("eu-west"), labels);
+    }
+    facts
+}
+
 /// The request stream: 1, 2, 4 or 8 GPUs; 4 with `nvlink-all` half the time (a domain holds 4).
 pub fn requests(count: usize, rng: &mut StdRng) -> Vec<PlacementRequest> {
     (0..count)
@@ -170,8 +183,10 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
         let stream = requests(args.requests, &mut rng);
         let candidates = nodes.units.len();
         // Warm both paths once.
-        let _ = NativeDefault.place(&stream[0], &nodes);
-        let _ = host.place(&component, &stream[0], &nodes, None, 60_000);
+        // The component gets node facts as the server builds them, per call.
+        let facts = |c: &Candidates| facts(c);
+        let _ = NativeDefault.place(&stream[0], &nodes, &facts);
+        let _ = host.place(&component, &stream[0], &nodes, &facts, None, 60_000);
         let progress = crate::progress::bar(
             (stream.len() * args.rounds.max(1)) as u64,
             format!("{count} nodes"),
@@ -180,8 +195,8 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
         let (native, wasm) = measure(
             &stream,
             args.rounds.max(1),
-            |r| NativeDefault.place(r, &nodes).is_ok(),
-            |r| match host.place(&component, r, &nodes, None, 60_000) {
+            |r| NativeDefault.place(r, &nodes, &facts).is_ok(),
+            |r| match host.place(&component, r, &nodes, &facts, None, 60_000) {
                 Ok(Ok(_)) => true,
                 Ok(Err(reason)) => panic!("unschedulable: {reason}"),
                 Err(failure) => panic!("the component failed: {failure:?}"),

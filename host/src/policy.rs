@@ -51,6 +51,8 @@ use wasmtime::{
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 use bindings::placer::orl::policy::types as wit;
+use crate::booking::placement::FactsOf;
+use placer::NodeFacts;
 
 /// Default time a decision may take.
 pub const DEFAULT_DEADLINE_MS: u64 = 50;
@@ -221,25 +223,62 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
+/// The versions of the `orl:policy` package the host serves, oldest first.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, utoipa::ToSchema,
+)]
+pub enum PolicyVersion {
+    #[serde(rename = "orl:policy@0.1.0")]
+    V0_1,
+    #[serde(rename = "orl:policy@0.2.0")]
+    V0_2,
+}
+
+impl PolicyVersion {
+    /// Every version served, oldest first.
+    pub const ALL: [PolicyVersion; 2] = [PolicyVersion::V0_1, PolicyVersion::V0_2];
+
+    /// The package and version, as a component names it: `orl:policy@0.2.0`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyVersion::V0_1 => "orl:policy@0.1.0",
+            PolicyVersion::V0_2 => "orl:policy@0.2.0",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PolicyVersion> {
+        PolicyVersion::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+}
+
 /// A compiled plugin, ready to instantiate.
 pub struct Loaded {
     pub id: String,
     pub world: World,
+    /// The version of `orl:policy` whose world it implements.
+    pub version: PolicyVersion,
     pre: Pre,
 }
 
-/// A plugin's `InstancePre` with the export indices of its world resolved.
+/// A plugin's `InstancePre` with the export indices of its world resolved, by world and
+/// version.
 enum Pre {
     Placer(bindings::placer::PlacerPre<PluginState>),
     Preemptor(bindings::preemptor::PreemptorPre<PluginState>),
     SpendGuard(bindings::spend_guard::SpendGuardPre<PluginState>),
+    PlacerV0_1(bindings::v0_1::placer::PlacerPre<PluginState>),
+    PreemptorV0_1(bindings::v0_1::preemptor::PreemptorPre<PluginState>),
+    SpendGuardV0_1(bindings::v0_1::spend_guard::SpendGuardPre<PluginState>),
 }
 
-/// An instance's exports, typed by world.
+/// An instance's exports, typed by world and version.
 enum Bound {
     Placer(bindings::placer::Placer),
     Preemptor(bindings::preemptor::Preemptor),
     SpendGuard(bindings::spend_guard::SpendGuard),
+    PlacerV0_1(bindings::v0_1::placer::Placer),
+    PreemptorV0_1(bindings::v0_1::preemptor::Preemptor),
+    SpendGuardV0_1(bindings::v0_1::spend_guard::SpendGuard),
 }
 
 /// An instance that answered its last decision, ready for the next one of the same plugin
@@ -481,6 +520,11 @@ impl PolicyHost {
             |s| s,
         )
         .map_err(|e| anyhow::Error::from(e).context("linking log"))?;
+        bindings::v0_1::placer::orl::policy::log::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| anyhow::Error::from(e).context("linking log@0.1.0"))?;
         let cache_dir = data_dir.join("plugins");
         let config_root = data_dir.join("plugin-config");
         // Precompiled artifacts are loaded as machine code: only the owner may write them.
@@ -621,21 +665,31 @@ impl PolicyHost {
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             refuse(format!("the component needs imports a plugin may not use (only WASI without network and orl:policy/log): {e:#}"))
         })?;
-        let (world, pre) = if let Ok(pre) = bindings::placer::PlacerPre::new(pre.clone()) {
-            (World::Placer, Pre::Placer(pre))
-        } else if let Ok(pre) = bindings::preemptor::PreemptorPre::new(pre.clone()) {
-            (World::Preemptor, Pre::Preemptor(pre))
-        } else if let Ok(pre) = bindings::spend_guard::SpendGuardPre::new(pre) {
-            (World::SpendGuard, Pre::SpendGuard(pre))
+        // The newest version first; the export types tell the versions apart.
+        use bindings::v0_1;
+        use {PolicyVersion::*, World::*};
+        let (world, version, pre) = if let Ok(p) = bindings::placer::PlacerPre::new(pre.clone()) {
+            (Placer, V0_2, Pre::Placer(p))
+        } else if let Ok(p) = bindings::preemptor::PreemptorPre::new(pre.clone()) {
+            (Preemptor, V0_2, Pre::Preemptor(p))
+        } else if let Ok(p) = bindings::spend_guard::SpendGuardPre::new(pre.clone()) {
+            (SpendGuard, V0_2, Pre::SpendGuard(p))
+        } else if let Ok(p) = v0_1::placer::PlacerPre::new(pre.clone()) {
+            (Placer, V0_1, Pre::PlacerV0_1(p))
+        } else if let Ok(p) = v0_1::preemptor::PreemptorPre::new(pre.clone()) {
+            (Preemptor, V0_1, Pre::PreemptorV0_1(p))
+        } else if let Ok(p) = v0_1::spend_guard::SpendGuardPre::new(pre) {
+            (SpendGuard, V0_1, Pre::SpendGuardV0_1(p))
         } else {
             return Err(refuse(format!(
                 "the component exports none of the worlds placer, preemptor or spend-guard of {}",
-                imports::POLICY_PACKAGE
+                imports::served_packages()
             )));
         };
         let loaded = Arc::new(Loaded {
             id: id.to_owned(),
             world,
+            version,
             pre,
         });
         self.loaded
@@ -821,17 +875,20 @@ impl PolicyHost {
         }
     }
 
-    /// Runs the placer `loaded`.
+    /// Runs the placer `loaded`. `facts` is asked for the candidate nodes' names, regions
+    /// and labels only when the plugin's version has them.
     pub fn place(
         &self,
         loaded: &Loaded,
         request: &orl_placer_default::Request,
         candidates: &orl_placer_default::Candidates,
+        facts: FactsOf<'_>,
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<orl_placer_default::Placement, String>, Failure> {
         let req = placer::request_to_wit(request);
-        let candidates = placer::CandidatesRef::of(candidates);
+        let facts = facts_for(loaded, candidates, facts);
+        let candidates = placer::CandidatesRef::of(candidates, &facts);
         let answer = self.run(loaded, config, deadline_ms, Place(&req, &candidates))?;
         Ok(answer.map(|p| orl_placer_default::Placement {
             node: p.node,
@@ -846,12 +903,14 @@ impl PolicyHost {
         loaded: &Loaded,
         request: &orl_placer_default::Request,
         candidates: &orl_placer_default::Candidates,
+        facts: FactsOf<'_>,
         spot: &[crate::booking::placement::SpotCandidate],
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<Vec<u32>, String>, Failure> {
         let req = placer::request_to_wit(request);
-        let candidates = placer::CandidatesRef::of(candidates);
+        let facts = facts_for(loaded, candidates, facts);
+        let candidates = placer::CandidatesRef::of(candidates, &facts);
         let spot: Vec<_> = spot.iter().map(placer::spot_to_wit).collect();
         self.run(
             loaded,
@@ -885,6 +944,18 @@ impl PolicyHost {
     }
 }
 
+/// The node facts of `candidates` when `loaded` reads them (0.2 and later), none otherwise.
+fn facts_for(
+    loaded: &Loaded,
+    candidates: &orl_placer_default::Candidates,
+    facts: FactsOf<'_>,
+) -> NodeFacts {
+    match loaded.version {
+        PolicyVersion::V0_1 => NodeFacts::default(),
+        PolicyVersion::V0_2 => facts(candidates),
+    }
+}
+
 /// Makes the instance of `pre` in `store`, running its start functions.
 async fn bind(pre: &Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Bound> {
     // The exports the host calls with its own borrowed types are checked against those
@@ -903,6 +974,21 @@ async fn bind(pre: &Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Bou
             Bound::Preemptor(preemptor)
         }
         Pre::SpendGuard(pre) => Bound::SpendGuard(pre.instantiate_async(&mut *store).await?),
+        Pre::PlacerV0_1(pre) => {
+            let placer = pre.instantiate_async(&mut *store).await?;
+            (placer.func_place().func())
+                .typed::<placer::PlaceParamsV0_1<'_>, placer::PlaceResults>(&*store)?;
+            Bound::PlacerV0_1(placer)
+        }
+        Pre::PreemptorV0_1(pre) => {
+            let preemptor = pre.instantiate_async(&mut *store).await?;
+            (preemptor.func_choose_victims().func())
+                .typed::<placer::VictimsParamsV0_1<'_>, placer::VictimsResults>(&*store)?;
+            Bound::PreemptorV0_1(preemptor)
+        }
+        Pre::SpendGuardV0_1(pre) => {
+            Bound::SpendGuardV0_1(pre.instantiate_async(&mut *store).await?)
+        }
     })
 }
 
@@ -984,13 +1070,27 @@ impl Decision for Place<'_> {
         store: &mut Store<PluginState>,
         bound: &Bound,
     ) -> wasmtime::Result<Self::Answer> {
-        let Bound::Placer(placer) = bound else {
-            return Err(wasmtime::Error::msg("the plugin is not a placer"));
+        let (req, candidates) = (self.0, self.1);
+        let answer = match bound {
+            Bound::Placer(placer) => {
+                checked_in_bind::<placer::PlaceParams<'_>, placer::PlaceResults>(
+                    placer.func_place().func(),
+                )
+                .call_async(store, (req, candidates))
+                .await?
+                .0
+            }
+            Bound::PlacerV0_1(placer) => {
+                checked_in_bind::<placer::PlaceParamsV0_1<'_>, placer::PlaceResults>(
+                    placer.func_place().func(),
+                )
+                .call_async(store, (req, &candidates.v0_1()))
+                .await?
+                .0
+            }
+            _ => return Err(wasmtime::Error::msg("the plugin is not a placer")),
         };
-        Ok(place_export(placer)
-            .call_async(store, (self.0, self.1))
-            .await?
-            .0)
+        Ok(answer)
     }
 }
 
@@ -1009,13 +1109,27 @@ impl Decision for ChooseVictims<'_> {
         store: &mut Store<PluginState>,
         bound: &Bound,
     ) -> wasmtime::Result<Self::Answer> {
-        let Bound::Preemptor(preemptor) = bound else {
-            return Err(wasmtime::Error::msg("the plugin is not a preemptor"));
+        let (req, candidates, spot) = (self.0, self.1, self.2);
+        let answer = match bound {
+            Bound::Preemptor(preemptor) => {
+                checked_in_bind::<placer::VictimsParams<'_>, placer::VictimsResults>(
+                    preemptor.func_choose_victims().func(),
+                )
+                .call_async(store, (req, candidates, spot))
+                .await?
+                .0
+            }
+            Bound::PreemptorV0_1(preemptor) => {
+                checked_in_bind::<placer::VictimsParamsV0_1<'_>, placer::VictimsResults>(
+                    preemptor.func_choose_victims().func(),
+                )
+                .call_async(store, (req, &candidates.v0_1(), spot))
+                .await?
+                .0
+            }
+            _ => return Err(wasmtime::Error::msg("the plugin is not a preemptor")),
         };
-        Ok(victims_export(preemptor)
-            .call_async(store, (self.0, self.1, self.2))
-            .await?
-            .0)
+        Ok(answer)
     }
 }
 
@@ -1030,33 +1144,44 @@ impl Decision for Decide {
         store: &mut Store<PluginState>,
         bound: &Bound,
     ) -> wasmtime::Result<Self::Answer> {
-        let Bound::SpendGuard(guard) = bound else {
-            return Err(wasmtime::Error::msg("the plugin is not a spend-guard"));
-        };
-        guard.call_decide(store, self.0, self.1).await
+        let Decide(charge, budget) = self;
+        match bound {
+            Bound::SpendGuard(guard) => guard.call_decide(store, charge, budget).await,
+            Bound::SpendGuardV0_1(guard) => {
+                use bindings::v0_1::placer::orl::policy::types as v0_1;
+                let charge = v0_1::Charge {
+                    amount_minor: charge.amount_minor,
+                    gpu_count: charge.gpu_count,
+                    duration_seconds: charge.duration_seconds,
+                    price_per_gpu_hour_minor: charge.price_per_gpu_hour_minor,
+                };
+                let budget = v0_1::Budget {
+                    limit_minor: budget.limit_minor,
+                    spent_minor: budget.spent_minor,
+                    committed_minor: budget.committed_minor,
+                };
+                guard.call_decide(store, charge, budget).await
+            }
+            _ => Err(wasmtime::Error::msg("the plugin is not a spend-guard")),
+        }
     }
 }
 
-/// Loads a precompiled component this process's engine wrote.
-/// The `place` export of `placer` typed for the host's borrowed columns, without checking its
-/// type again: every [`Bound::Placer`] comes from `instantiate`, which checked it against
-/// these types (up to lifetimes). The generated bindings call their exports the same way.
+/// A placer's `place` or a preemptor's `choose-victims` export, typed for the host's
+/// borrowed columns without checking its type again: every [`Bound`] of those worlds comes
+/// from [`bind`], which checked the export against exactly these types (up to lifetimes)
+/// for its version. The generated bindings call their exports the same way.
 #[allow(unsafe_code)]
-fn place_export(
-    placer: &bindings::placer::Placer,
-) -> TypedFunc<placer::PlaceParams<'_>, placer::PlaceResults> {
-    // SAFETY: see above; `instantiate` refuses an instance whose check fails.
-    unsafe { TypedFunc::new_unchecked(*placer.func_place().func()) }
+fn checked_in_bind<P, R>(func: &wasmtime::component::Func) -> TypedFunc<P, R>
+where
+    P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower,
+    R: wasmtime::component::ComponentNamedList + wasmtime::component::Lift,
+{
+    // SAFETY: see above; `bind` refuses an instance whose check fails.
+    unsafe { TypedFunc::new_unchecked(*func) }
 }
 
-/// The `choose-victims` export of `preemptor`, as [`place_export`] for a placer.
-#[allow(unsafe_code)]
-fn victims_export(
-    preemptor: &bindings::preemptor::Preemptor,
-) -> TypedFunc<placer::VictimsParams<'_>, placer::VictimsResults> {
-    // SAFETY: as in `place_export`.
-    unsafe { TypedFunc::new_unchecked(*preemptor.func_choose_victims().func()) }
-}
+/// Loads a precompiled component this process's engine wrote.
 
 #[allow(unsafe_code)]
 fn deserialize(engine: &Engine, path: &Path) -> anyhow::Result<Component> {

@@ -34,6 +34,7 @@ mod plugin_assignment;
 mod plugin_containment;
 mod plugin_logs;
 mod plugins;
+mod policy_versions;
 mod races;
 mod route_sweep;
 mod settings;

@@ -206,8 +206,18 @@ async fn a_decision_never_reads_the_plugins_bytes(db: Db) {
 /// `wit/policy.wit` as `edit` rewrites it, parsed with a stand-in `wasi:http` package; and
 /// its `placer` world.
 fn policy_wit(edit: impl FnOnce(String) -> String) -> (wit_parser::Resolve, wit_parser::WorldId) {
+    policy_wit_at("policy.wit", edit)
+}
+
+/// [`policy_wit`] of `file` under `wit/` (`v0.1/policy.wit` for the older package).
+fn policy_wit_at(
+    file: &str,
+    edit: impl FnOnce(String) -> String,
+) -> (wit_parser::Resolve, wit_parser::WorldId) {
     let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/policy.wit"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../wit")
+            .join(file),
     )
     .unwrap();
     let mut resolve = wit_parser::Resolve::default();
@@ -225,7 +235,12 @@ fn policy_wit(edit: impl FnOnce(String) -> String) -> (wit_parser::Resolve, wit_
 /// A component of the `placer` world of `wit/policy.wit` as `edit` rewrites it: every
 /// function a stub.
 fn placer_component(edit: impl FnOnce(String) -> String) -> Vec<u8> {
-    let (resolve, world) = policy_wit(edit);
+    placer_component_at("policy.wit", edit)
+}
+
+/// [`placer_component`] of `file` under `wit/`.
+fn placer_component_at(file: &str, edit: impl FnOnce(String) -> String) -> Vec<u8> {
+    let (resolve, world) = policy_wit_at(file, edit);
     let mangling = wit_parser::ManglingAndAbi::Legacy(wit_parser::LiftLowerAbi::Sync);
     let mut module = wit_component::dummy_module(&resolve, world, mangling);
     wit_component::embed_component_metadata(
@@ -255,22 +270,28 @@ async fn foreign_packages_versions_and_imports_are_refused_at_upload_before_comp
     let (status, plugin) = upload_bytes(&w, "stubs", served).await;
     assert_eq!(status, StatusCode::CREATED, "{plugin}");
     assert_eq!(plugin["world"], "placer");
+    assert_eq!(plugin["policyVersion"], "orl:policy@0.2.0");
+    // And the older package, still served.
+    let older = placer_component_at("v0.1/policy.wit", |wit| wit);
+    let (status, plugin) = upload_bytes(&w, "stubs-0-1", older).await;
+    assert_eq!(status, StatusCode::CREATED, "{plugin}");
+    assert_eq!(plugin["policyVersion"], "orl:policy@0.1.0");
     let compiled = compiles(&w).await;
-    assert_eq!(compiled - before, 1);
+    assert_eq!(compiled - before, 2);
     for (name, edit, named) in [
         (
             "foreign-package",
             Box::new(|wit: String| {
-                wit.replace("package orl:policy@0.1.0;", "package acme:policy@0.1.0;")
+                wit.replace("package orl:policy@0.2.0;", "package acme:policy@0.2.0;")
             }) as Box<dyn FnOnce(String) -> String>,
             "`acme:policy/",
         ),
         (
             "wrong-version",
             Box::new(|wit: String| {
-                wit.replace("package orl:policy@0.1.0;", "package orl:policy@0.2.0;")
+                wit.replace("package orl:policy@0.2.0;", "package orl:policy@0.3.0;")
             }),
-            "@0.2.0`",
+            "@0.3.0`",
         ),
         (
             "wants-http",

@@ -226,7 +226,7 @@ fn fits_alone(node: &Arc<NodeCapacity>, search: &Search<'_>, start: i64) -> Opti
         return None;
     }
     let (choice, _) = NativeDefault
-        .place(&offer.request, &offer.candidates)
+        .place(&offer.request, &offer.candidates, &|c| snapshot.facts(c))
         .ok()?;
     let units = &node.node.units;
     let chosen = (choice.units.iter())

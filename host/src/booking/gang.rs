@@ -161,7 +161,9 @@ pub(super) fn decide(
                 break;
             }
             let decision =
-                tokio::task::block_in_place(|| placer.place(&offer.request, &candidates));
+                tokio::task::block_in_place(|| {
+                    placer.place(&offer.request, &candidates, &|c| snapshot.facts(c))
+                });
             let (choice, decided_by) = match decision {
                 Ok(decision) => decision,
                 Err(Refusal::Unschedulable(message)) => {

@@ -16,6 +16,7 @@ use crate::inventory::nodes::Node;
 use crate::inventory::{DeviceClass, Unit, labels_match};
 use crate::node_reservations::may_place;
 use crate::node_reservations::queries::{Filter, load};
+pub use crate::policy::placer::NodeFacts;
 use crate::{App, Result};
 
 pub use orl_placer_default::{
@@ -45,15 +46,23 @@ pub enum Refusal {
     Failed(crate::policy::Failure),
 }
 
+/// Works out the names, regions and labels of the nodes of some candidates (WIT
+/// `node-facts`), for a policy that is given them: [`Snapshot::facts`] for the nodes of a
+/// snapshot. Only called when the policy deciding reads them.
+pub type FactsOf<'a> = &'a dyn Fn(&Candidates) -> NodeFacts;
+
 /// The seam every placement policy implements, natively or as a WebAssembly component.
 pub trait Placer: Send + Sync {
     /// The policy's id, e.g. `sha256:…`.
     fn id(&self) -> String;
     /// Chooses units, and names who decided (recorded on the placement); or says why not.
+    /// `facts` gives the candidate nodes' names, regions and labels to a policy that reads
+    /// them.
     fn place(
         &self,
         request: &PlacementRequest,
         candidates: &Candidates,
+        facts: FactsOf<'_>,
     ) -> std::result::Result<(Choice, String), Refusal>;
 }
 
@@ -71,6 +80,7 @@ impl Placer for NativeDefault {
         &self,
         request: &PlacementRequest,
         candidates: &Candidates,
+        _facts: FactsOf<'_>,
     ) -> std::result::Result<(Choice, String), Refusal> {
         orl_placer_default::place(request, candidates)
             .map(|choice| (choice, self.id()))
@@ -298,6 +308,18 @@ impl Snapshot {
             end,
             now,
         }
+    }
+
+    /// The names, regions and labels of the nodes of `candidates`, read from this
+    /// snapshot, in the order of `candidates.nodes`.
+    pub fn facts(&self, candidates: &Candidates) -> NodeFacts {
+        let mut facts = NodeFacts::default();
+        for &id in &candidates.nodes.id {
+            let node = self.node(id as usize);
+            let labels = node.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            facts.push(&node.id, node.region.as_deref(), labels);
+        }
+        facts
     }
 
     /// How many nodes the snapshot holds.
@@ -1054,10 +1076,10 @@ mod tests {
             vec![unit(0), unit(1), unit(1)],
             vec![unit(0), unit(0)],
         ]);
-        let (choice, _) = NativeDefault.place(&ask(2, true), &nodes).unwrap();
+        let (choice, _) = NativeDefault.place(&ask(2, true), &nodes, &|_| NodeFacts::default()).unwrap();
         assert!(check_choice(&ask(2, true), &nodes, &choice).is_ok());
         assert!(matches!(
-            NativeDefault.place(&ask(3, true), &nodes),
+            NativeDefault.place(&ask(3, true), &nodes, &|_| NodeFacts::default()),
             Err(Refusal::Unschedulable(_))
         ));
     }

@@ -100,6 +100,7 @@ pub(super) async fn victims(
                 loaded,
                 &offer.request,
                 &offer.candidates,
+                &|c| snapshot.facts(c),
                 &offer.spot,
                 preemptor.config.as_ref(),
                 preemptor.deadline_ms,

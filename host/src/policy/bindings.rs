@@ -1,5 +1,12 @@
-//! The host side of `wit/`: one generated module per world, and the `log` interface the
-//! host provides. Kept private to the policy module; callers use its small API.
+//! The host side of `wit/`: one generated module per world of the newest package
+//! (`orl:policy@0.2.0`), one per world of each older package the host still serves
+//! ([`v0_1`]), and the `log` interface the host provides. Kept private to the policy
+//! module; callers use its small API.
+//!
+//! The host decides on the newest records; an older plugin gets them converted down (a
+//! 0.1 placer is handed the same columns without `node-facts`), and its `log` is the
+//! newest one's. Records that did not change between versions are the same shape, so the
+//! host lowers its own values into either.
 //!
 //! Exports are called with `call_async` (see the deadline in [`super`]): a call is a future
 //! that the host can stop at its deadline wherever the plugin is, in its own code or blocked
@@ -39,6 +46,56 @@ pub mod spend_guard {
             "orl:policy/log": super::placer::orl::policy::log,
         },
     });
+}
+
+/// `orl:policy@0.1.0`, served beside the newest package: its worlds, and its `log` as the
+/// newest one's.
+pub mod v0_1 {
+    pub mod placer {
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.1",
+            world: "placer",
+            exports: { default: async },
+        });
+    }
+
+    pub mod preemptor {
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.1",
+            world: "preemptor",
+            exports: { default: async },
+            with: {
+                "orl:policy/types": super::placer::orl::policy::types,
+                "orl:policy/log": super::placer::orl::policy::log,
+            },
+        });
+    }
+
+    pub mod spend_guard {
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.1",
+            world: "spend-guard",
+            exports: { default: async },
+            with: {
+                "orl:policy/types": super::placer::orl::policy::types,
+                "orl:policy/log": super::placer::orl::policy::log,
+            },
+        });
+    }
+
+    use placer::orl::policy::log::{self, Level};
+
+    impl log::Host for super::super::PluginState {
+        fn log(&mut self, level: Level, message: String) {
+            let level = match level {
+                Level::Debug => super::Level::Debug,
+                Level::Info => super::Level::Info,
+                Level::Warn => super::Level::Warn,
+                Level::Error => super::Level::Error,
+            };
+            super::log::Host::log(self, level, message);
+        }
+    }
 }
 
 use placer::orl::policy::log::{self, Level};

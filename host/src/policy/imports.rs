@@ -2,8 +2,8 @@
 //! plugin that needs something the host will not give is refused in milliseconds with the
 //! name of what it asked for, not after a compile of tens of seconds with linker text.
 //!
-//! A plugin may import `orl:policy/types` and `orl:policy/log` of the version the host
-//! serves, and the WASI 0.2 interfaces the host links. Of those, `wasi:sockets` is linked to
+//! A plugin may import `orl:policy/types` and `orl:policy/log` of a version the host
+//! serves ([`super::PolicyVersion`]), and the WASI 0.2 interfaces the host links. Of those, `wasi:sockets` is linked to
 //! implementations that refuse every call (language runtimes import it whether or not a
 //! policy uses it), and the environment, arguments and stdio are empty. Anything else —
 //! `wasi:http`, another package, another version of `orl:policy` — is refused. A plugin
@@ -11,8 +11,14 @@
 
 use wasmparser::{ComponentExternalKind, ComponentTypeRef, Encoding, Parser, Payload};
 
-/// The package and version of the policy interfaces this host serves.
-pub const POLICY_PACKAGE: &str = "orl:policy@0.1.0";
+use super::PolicyVersion;
+
+/// The packages and versions of the policy interfaces this host serves, for messages:
+/// `orl:policy@0.1.0 or orl:policy@0.2.0`.
+pub fn served_packages() -> String {
+    let all: Vec<&str> = PolicyVersion::ALL.iter().map(|v| v.as_str()).collect();
+    all.join(" or ")
+}
 
 /// The WASI 0.2 interfaces the host links, by package.
 const WASI: &[(&str, &[&str])] = &[
@@ -100,24 +106,26 @@ fn interface(name: &str) -> Option<(&str, &str, &str)> {
 
 fn check_import(name: &str) -> Result<(), String> {
     let refused = |why: &str| Err(format!("the component imports `{name}`: {why}"));
+    let served = served_packages();
     let Some((package, interface_name, version)) = interface(name) else {
         return refused(&format!(
-            "a plugin may import only WASI 0.2 and {POLICY_PACKAGE} interfaces"
+            "a plugin may import only WASI 0.2 and {served} interfaces"
         ));
     };
     if package == "orl:policy" {
-        if format!("{package}@{version}") != POLICY_PACKAGE {
-            return refused(&format!("this server serves {POLICY_PACKAGE}"));
+        let named = format!("{package}@{version}");
+        if !PolicyVersion::ALL.iter().any(|v| v.as_str() == named) {
+            return refused(&format!("this server serves {served}"));
         }
         if !["types", "log"].contains(&interface_name) {
-            return refused(&format!("{POLICY_PACKAGE} has no such interface"));
+            return refused(&format!("{named} has no such interface"));
         }
         return Ok(());
     }
     let Some((_, interfaces)) = WASI.iter().find(|(p, _)| *p == package) else {
         return refused(&format!(
             "a plugin may import only WASI 0.2 (io, clocks, random, filesystem, cli, sockets) \
-             and {POLICY_PACKAGE} interfaces"
+             and {served} interfaces"
         ));
     };
     if !version.starts_with("0.2.") {
@@ -135,7 +143,8 @@ fn check_export(name: &str) -> Result<(), String> {
     if name.contains(':') {
         return Err(format!(
             "the component exports `{name}`: a plugin exports only the function of its world \
-             of {POLICY_PACKAGE} (place, choose-victims or decide)"
+             of {} (place, choose-victims or decide)",
+            served_packages()
         ));
     }
     Ok(())
@@ -150,6 +159,8 @@ mod tests {
         for name in [
             "orl:policy/types@0.1.0",
             "orl:policy/log@0.1.0",
+            "orl:policy/types@0.2.0",
+            "orl:policy/log@0.2.0",
             "wasi:io/poll@0.2.6",
             "wasi:sockets/tcp@0.2.0",
             "wasi:cli/environment@0.2.3",
@@ -158,8 +169,9 @@ mod tests {
         }
         for name in [
             "wasi:http/outgoing-handler@0.2.0",
-            "orl:policy/types@0.2.0",
-            "orl:policy/placer@0.1.0",
+            "orl:policy/types@0.3.0",
+            "orl:policy/log@1.0.0",
+            "orl:policy/placer@0.2.0",
             "acme:policy/types@0.1.0",
             "wasi:io/poll@0.3.0",
             "wasi:io/mystery@0.2.0",

@@ -9,7 +9,7 @@ use wasmtime::component::{ComponentType, Lower};
 use super::bindings::placer::orl::policy::types as wit;
 use super::{Failure, FailureKind, Loaded, PolicyHost};
 use crate::booking::placement::{
-    Candidates, Choice, PlacementRequest, Placer, PolicyClass, Refusal, check_choice,
+    Candidates, Choice, FactsOf, PlacementRequest, Placer, PolicyClass, Refusal, check_choice,
 };
 use crate::metrics::Metrics;
 
@@ -33,11 +33,12 @@ impl WasmPlacer {
         config: Option<&Value>,
         request: &PlacementRequest,
         candidates: &Candidates,
+        facts: FactsOf<'_>,
     ) -> Result<Result<Choice, String>, Failure> {
         let started = std::time::Instant::now();
         let outcome = self
             .host
-            .place(loaded, request, candidates, config, self.deadline_ms)
+            .place(loaded, request, candidates, facts, config, self.deadline_ms)
             .and_then(|answer| match answer {
                 Ok(choice) => check_choice(request, candidates, &choice)
                     .map(|()| Ok(choice))
@@ -78,12 +79,14 @@ impl Placer for WasmPlacer {
         &self,
         request: &PlacementRequest,
         candidates: &Candidates,
+        facts: FactsOf<'_>,
     ) -> Result<(Choice, String), Refusal> {
         let config = self.config.as_ref();
-        let (outcome, decided_by) = match self.decide(&self.loaded, config, request, candidates) {
+        let decided = self.decide(&self.loaded, config, request, candidates, facts);
+        let (outcome, decided_by) = match decided {
             Err(_) if self.fallback => {
                 let default = self.host.default_placer();
-                let outcome = self.decide(&default, None, request, candidates);
+                let outcome = self.decide(&default, None, request, candidates, facts);
                 (outcome, default.id.clone())
             }
             outcome => (outcome, self.loaded.id.clone()),
@@ -140,8 +143,68 @@ pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wi
     }
 }
 
+/// A run of the bytes of [`NodeFacts::text`] (WIT `span`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ComponentType, Lower)]
+#[component(record)]
+pub struct TextSpan {
+    pub start: u32,
+    pub len: u32,
+}
+
+/// What a policy of `orl:policy@0.2.0` sees of each candidate node beyond its units (WIT
+/// `node-facts`): entry `j` of `name`, `region` and `labels` describes node `j` of the
+/// call's candidates, its strings runs of one block of text.
+#[derive(Clone, Debug, Default, PartialEq, Eq, ComponentType, Lower)]
+#[component(record)]
+pub struct NodeFacts {
+    pub text: Vec<u8>,
+    pub name: Vec<TextSpan>,
+    pub region: Vec<TextSpan>,
+    pub labels: Vec<TextSpan>,
+    #[component(name = "label-key")]
+    pub label_key: Vec<TextSpan>,
+    #[component(name = "label-value")]
+    pub label_value: Vec<TextSpan>,
+}
+
+impl NodeFacts {
+    /// Appends the next node: its name, region (none is an empty run) and labels, which
+    /// must come sorted by key as a node's labels are kept.
+    pub fn push<'l>(
+        &mut self,
+        name: &str,
+        region: Option<&str>,
+        labels: impl IntoIterator<Item = (&'l str, &'l str)>,
+    ) {
+        let name = self.push_text(name);
+        self.name.push(name);
+        let region = region.map_or_else(TextSpan::default, |r| self.push_text(r));
+        self.region.push(region);
+        let first = self.label_key.len() as u32;
+        for (key, value) in labels {
+            let key = self.push_text(key);
+            let value = self.push_text(value);
+            self.label_key.push(key);
+            self.label_value.push(value);
+        }
+        let len = self.label_key.len() as u32 - first;
+        self.labels.push(TextSpan { start: first, len });
+    }
+
+    fn push_text(&mut self, text: &str) -> TextSpan {
+        let start = self.text.len() as u32;
+        self.text.extend_from_slice(text.as_bytes());
+        TextSpan {
+            start,
+            len: text.len() as u32,
+        }
+    }
+}
+
 /// The parameters of the `place` export as the host lowers them, and its results.
 pub(super) type PlaceParams<'a> = (&'a wit::Request, &'a CandidatesRef<'a>);
+/// The parameters of a 0.1 placer's `place`.
+pub(super) type PlaceParamsV0_1<'a> = (&'a wit::Request, &'a CandidatesRefV0_1<'a>);
 pub(super) type PlaceResults = (Result<wit::Placement, String>,);
 
 /// The parameters of the preemptor's `choose-victims` export, and its results.
@@ -151,6 +214,12 @@ pub(super) type VictimsParams<'a> = (
     &'a [wit::SpotBooking],
 );
 pub(super) type VictimsResults = (Result<Vec<u32>, String>,);
+/// The parameters of a 0.1 preemptor's `choose-victims`.
+pub(super) type VictimsParamsV0_1<'a> = (
+    &'a wit::Request,
+    &'a CandidatesRefV0_1<'a>,
+    &'a [wit::SpotBooking],
+);
 
 /// The WIT `candidates` record borrowed from the columns of [`Candidates`]: a call lowers
 /// each column into the plugin's memory as one copy, with no conversion on the host.
@@ -160,9 +229,20 @@ pub(super) struct CandidatesRef<'a> {
     nodes: NodesRef<'a>,
     units: UnitsRef<'a>,
     domains: DomainsRef<'a>,
+    #[component(name = "node-facts")]
+    node_facts: &'a NodeFacts,
 }
 
+/// The `candidates` record of `orl:policy@0.1.0`: the same columns without `node-facts`.
 #[derive(ComponentType, Lower)]
+#[component(record)]
+pub(super) struct CandidatesRefV0_1<'a> {
+    nodes: NodesRef<'a>,
+    units: UnitsRef<'a>,
+    domains: DomainsRef<'a>,
+}
+
+#[derive(Clone, Copy, ComponentType, Lower)]
 #[component(record)]
 pub(super) struct NodesRef<'a> {
     id: &'a [u32],
@@ -180,7 +260,7 @@ pub(super) struct NodesRef<'a> {
     free_len: &'a [u32],
 }
 
-#[derive(ComponentType, Lower)]
+#[derive(Clone, Copy, ComponentType, Lower)]
 #[component(record)]
 pub(super) struct UnitsRef<'a> {
     class: &'a [u8],
@@ -191,7 +271,7 @@ pub(super) struct UnitsRef<'a> {
     memory_gib: &'a [u32],
 }
 
-#[derive(ComponentType, Lower)]
+#[derive(Clone, Copy, ComponentType, Lower)]
 #[component(record)]
 pub(super) struct DomainsRef<'a> {
     domain: &'a [u32],
@@ -200,7 +280,9 @@ pub(super) struct DomainsRef<'a> {
 }
 
 impl<'a> CandidatesRef<'a> {
-    pub(super) fn of(candidates: &'a Candidates) -> Self {
+    /// The candidates of a call with the facts of their nodes, `facts` (empty for a
+    /// policy of a version without them).
+    pub(super) fn of(candidates: &'a Candidates, facts: &'a NodeFacts) -> Self {
         let Candidates {
             nodes,
             units,
@@ -227,6 +309,16 @@ impl<'a> CandidatesRef<'a> {
                 busy: &domains.busy,
                 total: &domains.total,
             },
+            node_facts: facts,
+        }
+    }
+
+    /// The same candidates as a 0.1 policy takes them.
+    pub(super) fn v0_1(&self) -> CandidatesRefV0_1<'a> {
+        CandidatesRefV0_1 {
+            nodes: self.nodes,
+            units: self.units,
+            domains: self.domains,
         }
     }
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row as _};
 
-use super::{BuiltIn, World, content_id};
+use super::{BuiltIn, PolicyVersion, World, content_id};
 use crate::App;
 use crate::audit::{self, Entry};
 use crate::clock::format_ms;
@@ -30,6 +30,8 @@ pub struct Plugin {
     pub name: String,
     pub version: String,
     pub world: World,
+    /// The version of the `orl:policy` package whose world it implements.
+    pub policy_version: PolicyVersion,
     pub size: i64,
     /// When it was uploaded; absent for a built-in.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -54,6 +56,7 @@ fn as_plugin(built_in: &BuiltIn) -> Plugin {
         name: built_in.name.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         world: built_in.loaded.world,
+        policy_version: built_in.loaded.version,
         size: built_in.size as i64,
         created_at: None,
         built_in: true,
@@ -123,13 +126,14 @@ pub async fn upload(
     }
     // A concurrent upload of the same bytes may have stored them since: then it is theirs.
     let inserted = sqlx::query(
-        "INSERT INTO plugins (id, name, version, world, size, bytes, created_by, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO plugins (id, name, version, world, policy_version, size, bytes, created_by, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
     )
     .bind(&loaded.id)
     .bind(name)
     .bind(version)
     .bind(loaded.world.as_str())
+    .bind(loaded.version.as_str())
     .bind(bytes.len() as i64)
     .bind(bytes)
     .bind(&caller.key_id)
@@ -193,11 +197,12 @@ fn already_there(existing: &Plugin) -> Error {
     )
 }
 
-const COLUMNS: &str = "id, name, version, world, size, created_at";
+const COLUMNS: &str = "id, name, version, world, policy_version, size, created_at";
 
 async fn from_row(conn: &mut AnyConnection, r: &AnyRow) -> Result<Plugin> {
     let id: String = r.get("id");
     let world: String = r.get("world");
+    let policy_version: String = r.get("policy_version");
     let assigned_to = sqlx::query_scalar(
         "SELECT pool_id FROM pool_policies WHERE placement = $1 OR preemption = $1 OR spend_limit = $1 ORDER BY pool_id",
     )
@@ -206,6 +211,8 @@ async fn from_row(conn: &mut AnyConnection, r: &AnyRow) -> Result<Plugin> {
     .await?;
     Ok(Plugin {
         world: World::parse(&world).ok_or_else(|| anyhow::anyhow!("stored world {world:?}"))?,
+        policy_version: PolicyVersion::parse(&policy_version)
+            .ok_or_else(|| anyhow::anyhow!("stored policy version {policy_version:?}"))?,
         id,
         name: r.get("name"),
         version: r.get("version"),

@@ -8,8 +8,11 @@ pub use records::{NO_DOMAIN, Unit};
 /// helpers of this crate on them: [`DeviceClass::code`](types::DeviceClass::code),
 /// [`Candidates::free`](types::Candidates::free), [`Candidates::unit`](types::Candidates::unit),
 /// [`DeviceRequest::accepts`](types::DeviceRequest::accepts),
-/// [`Request::unit_count`](types::Request::unit_count) and the others documented on each
-/// type.
+/// [`Request::unit_count`](types::Request::unit_count), the node facts
+/// ([`Candidates::node_name`](types::Candidates::node_name),
+/// [`Candidates::node_region`](types::Candidates::node_region),
+/// [`Candidates::node_labels`](types::Candidates::node_labels)) and the others documented
+/// on each type.
 pub mod types {
     pub use crate::placer::orl::policy::types::*;
 }
@@ -87,8 +90,8 @@ pub mod preemptor {
         pub_export_macro: true,
         default_bindings_module: "$crate::preemptor",
         with: {
-            "orl:policy/types@0.1.0": crate::placer::orl::policy::types,
-            "orl:policy/log@0.1.0": crate::placer::orl::policy::log,
+            "orl:policy/types@0.2.0": crate::placer::orl::policy::types,
+            "orl:policy/log@0.2.0": crate::placer::orl::policy::log,
         },
     });
 }
@@ -102,8 +105,8 @@ pub mod spend_guard {
         pub_export_macro: true,
         default_bindings_module: "$crate::spend_guard",
         with: {
-            "orl:policy/types@0.1.0": crate::placer::orl::policy::types,
-            "orl:policy/log@0.1.0": crate::placer::orl::policy::log,
+            "orl:policy/types@0.2.0": crate::placer::orl::policy::types,
+            "orl:policy/log@0.2.0": crate::placer::orl::policy::log,
         },
     });
 }

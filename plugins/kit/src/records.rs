@@ -115,6 +115,47 @@ impl Candidates {
             .unwrap_or(0)
     }
 
+    /// The string `span` of `node-facts.text`, or `""` when the run is not within the text
+    /// or not on character boundaries.
+    pub fn text(&self, span: Span) -> &str {
+        (self.node_facts.text.get(span.range()))
+            .and_then(|bytes| std::str::from_utf8(bytes).ok())
+            .unwrap_or("")
+    }
+
+    /// The name of node `j` (a position in `nodes`, not an id); `""` when there is no node
+    /// `j`.
+    pub fn node_name(&self, j: usize) -> &str {
+        self.node_facts
+            .name
+            .get(j)
+            .map_or("", |&span| self.text(span))
+    }
+
+    /// The region of node `j`, or `None` when it has none (or there is no node `j`).
+    pub fn node_region(&self, j: usize) -> Option<&str> {
+        let span = *self.node_facts.region.get(j)?;
+        Some(self.text(span)).filter(|r| !r.is_empty())
+    }
+
+    /// The labels of node `j` as `(key, value)` pairs, sorted by key; none when there is
+    /// no node `j` or its run reaches past the label columns.
+    pub fn node_labels(&self, j: usize) -> impl Iterator<Item = (&str, &str)> {
+        let facts = &self.node_facts;
+        let run = facts.labels.get(j).map_or(0..0, |span| span.range());
+        let run = if run.end <= facts.label_key.len().min(facts.label_value.len()) {
+            run
+        } else {
+            0..0
+        };
+        run.map(|k| (self.text(facts.label_key[k]), self.text(facts.label_value[k])))
+    }
+
+    /// The value of label `key` on node `j`, if it has that label.
+    pub fn node_label(&self, j: usize, key: &str) -> Option<&str> {
+        self.node_labels(j).find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
     /// Unit `id` as one row, or `None` when there is no such unit or its class code is
     /// unknown.
     pub fn unit(&self, id: u32) -> Option<Unit> {
@@ -156,7 +197,7 @@ impl Request {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Domains, Nodes, Units};
+    use crate::types::{Domains, NodeFacts, Nodes, Units};
 
     /// Node 7 with units 0..2 free and domain 3 (one busy unit); node 8 with a run past the
     /// columns.
@@ -182,7 +223,21 @@ mod tests {
                 busy: vec![1],
                 total: vec![3],
             },
+            // Node 7: `n7` in `eu`, labels rack=r1 and tier=a; node 8: `n8`, no region,
+            // a label run past the columns.
+            node_facts: NodeFacts {
+                text: b"n7eurackr1tieran8".to_vec(),
+                name: vec![span(0, 2), span(15, 2)],
+                region: vec![span(2, 2), span(0, 0)],
+                labels: vec![span(0, 2), span(1, 5)],
+                label_key: vec![span(4, 4), span(10, 4)],
+                label_value: vec![span(8, 2), span(14, 1)],
+            },
         }
+    }
+
+    fn span(start: u32, len: u32) -> Span {
+        Span { start, len }
     }
 
     #[test]
@@ -205,6 +260,22 @@ mod tests {
         assert_eq!(c.domains_of(0), 0..1);
         assert_eq!(c.domains_of(1), 0..0);
         assert_eq!((c.domain_busy(0, 3), c.domain_busy(0, 4)), (1, 0));
+    }
+
+    #[test]
+    fn node_facts_read_as_strings_and_runs_past_the_text_read_as_empty() {
+        let mut c = candidates();
+
+        assert_eq!((c.node_name(0), c.node_name(1), c.node_name(2)), ("n7", "n8", ""));
+        assert_eq!((c.node_region(0), c.node_region(1)), (Some("eu"), None));
+        let labels: Vec<_> = c.node_labels(0).collect();
+        assert_eq!(labels, [("rack", "r1"), ("tier", "a")]);
+        assert_eq!(c.node_label(0, "tier"), Some("a"));
+        assert_eq!(c.node_labels(1).count(), 0, "a run past the label columns");
+        c.node_facts.name[1] = span(16, 5);
+        assert_eq!(c.node_name(1), "", "a run past the text");
+        c.node_facts.text[0] = 0xff;
+        assert_eq!(c.node_name(0), "", "not UTF-8");
     }
 
     #[test]

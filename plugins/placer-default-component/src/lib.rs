@@ -33,12 +33,14 @@ fn class(class: wit::DeviceClass) -> policy::DeviceClass {
     policy::DeviceClass::ALL[usize::from(class.code())]
 }
 
-/// The columns of the call, moved as they are.
+/// The columns of the call, moved as they are. The default placer does not look at the
+/// node facts.
 fn candidates(candidates: wit::Candidates) -> policy::Candidates {
     let wit::Candidates {
         nodes,
         units,
         domains,
+        node_facts: _,
     } = candidates;
     policy::Candidates {
         nodes: policy::Nodes {

@@ -220,6 +220,9 @@ pub struct Plugin {
     pub version: String,
     /// `placer`, `preemptor` or `spend-guard`.
     pub world: String,
+    /// The version of the `orl:policy` package whose world it implements, e.g.
+    /// `orl:policy@0.2.0`.
+    pub policy_version: String,
     pub size: i64,
     /// When it was uploaded; null for a built-in.
     pub created_at: Option<String>,
@@ -233,6 +236,7 @@ impl From<registry::Plugin> for Plugin {
     fn from(p: registry::Plugin) -> Self {
         Plugin {
             world: p.world.as_str().to_string(),
+            policy_version: p.policy_version.as_str().to_string(),
             id: p.id,
             name: p.name,
             version: p.version,
