@@ -6,6 +6,7 @@ mod compute;
 mod graphql;
 mod iam;
 mod nodes;
+mod plugin_test;
 mod plugins;
 mod pools;
 pub mod profile;
@@ -325,6 +326,13 @@ pub struct UnitRelease {
 pub async fn run(conn: Connection, command: ClientCommand) -> anyhow::Result<()> {
     if let ClientCommand::Graphql(command) = command {
         return graphql::run(command);
+    }
+    if let ClientCommand::Plugins(PluginsCommand::Test(args)) = command {
+        // Plugin calls are driven to completion on their own thread, never an async task.
+        let json = conn.json;
+        return tokio::task::spawn_blocking(move || plugin_test::run(args, json))
+            .await
+            .map_err(|e| anyhow::anyhow!("the plugin test stopped: {e}"))?;
     }
     let (url, key) = conn.resolve()?;
     let client = Client::new(&url, key.as_deref())?;

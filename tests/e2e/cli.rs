@@ -1276,3 +1276,165 @@ async fn policy_get_with_json_or_field_prints_the_answer_alone(db: Db) {
         "{output:?}"
     );
 }
+
+/// Runs `orl plugins test args…` with no server; answers its exit status, stdout and stderr.
+async fn plugins_test(args: &[&str]) -> (bool, String, String) {
+    let mut all = vec!["plugins", "test"];
+    all.extend_from_slice(args);
+    let output = orl_alone(&all).await;
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The block `orl plugins test` printed for `scenario`: its first line names it.
+fn scenario_block<'a>(stdout: &'a str, scenario: &str) -> &'a str {
+    let title = format!(" {scenario}  (");
+    stdout
+        .split("\n\n")
+        .find(|b| b.lines().next().is_some_and(|l| l.contains(&title)))
+        .unwrap_or_else(|| panic!("no {scenario} in {stdout}"))
+}
+
+#[tokio::test]
+async fn plugins_test_runs_the_built_in_placer_on_its_scenarios_and_a_file() {
+    let (ok, stdout, stderr) = plugins_test(&["placer-default"]).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    let domains = scenario_block(&stdout, "two-nvlink-domains");
+    assert!(domains.starts_with("ok   two-nvlink-domains"), "{domains}");
+    // Three GPUs of the first domain are busy: four in one domain fit only in the second.
+    assert!(domains.contains("decision: placed on n1: "), "{domains}");
+    for gpu in ["n1-gpu4", "n1-gpu5", "n1-gpu6", "n1-gpu7"] {
+        assert!(domains.contains(gpu), "{domains}");
+    }
+    let mixed = scenario_block(&stdout, "mixed-mig-and-nic");
+    assert!(mixed.contains("decision: placed on m1: "), "{mixed}");
+    assert!(
+        mixed.contains("m1-mig1") && mixed.contains("m1-nic"),
+        "{mixed}"
+    );
+    assert!(!mixed.contains("m1-mig0"), "busy: {mixed}");
+    let full = scenario_block(&stdout, "almost-full");
+    assert!(full.contains("decision: unschedulable"), "{full}");
+    assert!(stdout.contains("3 scenarios: 3 ok, 0 failed"), "{stdout}");
+    assert!(stdout.contains(" ms)"), "each decision is timed: {stdout}");
+
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/scenario.json");
+    let (ok, stdout, stderr) = plugins_test(&["placer-default", "--scenario", example]).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    let sample = scenario_block(&stdout, "two-nodes-one-spot-job");
+    assert!(sample.contains("decision: placed on n"), "{sample}");
+    assert!(
+        !sample.contains("n2-gpu0") && !sample.contains("n1-gpu0"),
+        "busy: {sample}"
+    );
+    assert!(stdout.contains("4 scenarios: 4 ok, 0 failed"), "{stdout}");
+
+    let (ok, stdout, _) = plugins_test(&[
+        "--json",
+        "placer-default",
+        "--only-scenario",
+        "--scenario",
+        example,
+    ])
+    .await;
+    assert!(ok, "{stdout}");
+    let answer: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(answer["plugin"]["world"], "placer", "{answer}");
+    assert_eq!(answer["scenarios"].as_array().unwrap().len(), 1, "{answer}");
+    assert_eq!(answer["scenarios"][0]["ok"], true, "{answer}");
+
+    // A scenario that is not one says why, and runs nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"name": "x", "nodes": {}, "request": {"devices": []}, "extra": 1}"#,
+    )
+    .unwrap();
+    let (ok, _, stderr) =
+        plugins_test(&["placer-default", "--scenario", bad.to_str().unwrap()]).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("is not a scenario") && stderr.contains("extra"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = plugins_test(&["no-such-file.wasm"]).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("no-such-file.wasm") && stderr.contains("placer-default"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn plugins_test_fails_on_an_invalid_answer_or_a_failing_plugin_and_shows_its_log() {
+    let invalid = component("invalid_answer.wasm");
+    let (ok, stdout, stderr) = plugins_test(&[invalid.to_str().unwrap()]).await;
+    assert!(!ok, "an invalid answer fails the run: {stdout}");
+    let domains = scenario_block(&stdout, "two-nvlink-domains");
+    assert!(domains.starts_with("FAIL two-nvlink-domains"), "{stdout}");
+    assert!(stdout.contains("FAIL two-nvlink-domains"), "{stdout}");
+    assert!(
+        domains.contains("problem: invalid answer: unit "),
+        "{domains}"
+    );
+    assert!(domains.contains("chosen twice"), "{domains}");
+    // Where nothing fits there is nothing to break: it answers err, which is right.
+    assert!(stdout.contains("ok   almost-full"), "{stdout}");
+    assert!(stderr.contains("2 of 3 scenarios failed"), "{stderr}");
+
+    let trap = component("trap.wasm");
+    let (ok, stdout, _) = plugins_test(&[trap.to_str().unwrap()]).await;
+    assert!(!ok);
+    assert!(stdout.contains("decision: failed (trap)"), "{stdout}");
+
+    let flood = component("log_flood.wasm");
+    let (ok, stdout, stderr) = plugins_test(&[flood.to_str().unwrap()]).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    let domains = scenario_block(&stdout, "two-nvlink-domains");
+    assert!(domains.contains("log (65 lines):"), "{domains}");
+    assert!(domains.contains("info  FLOOD 00000"), "{domains}");
+    assert!(
+        domains.contains("FLOOD 00063") && !domains.contains("FLOOD 00064"),
+        "{domains}"
+    );
+    assert!(
+        domains.contains("warn  9936 lines of this call were dropped"),
+        "{domains}"
+    );
+}
+
+#[tokio::test]
+async fn plugins_test_runs_preemptors_and_spend_guards() {
+    let oldest = component("preempt_oldest.wasm");
+    for plugin in [oldest.to_str().unwrap(), "preemptor-default"] {
+        let (ok, stdout, stderr) = plugins_test(&[plugin]).await;
+        assert!(ok, "{plugin}: {stdout}\n{stderr}");
+        assert!(stdout.contains("(preemptor)"), "{stdout}");
+        let full = scenario_block(&stdout, "almost-full");
+        assert!(full.contains("decision: terminate busy["), "{full}");
+        assert!(
+            !full.contains("note:"),
+            "the request fits afterwards: {full}"
+        );
+        // Only spot work is offered: n1's and n2's steady work never is.
+        assert!(
+            !full.contains("n1-gpu") && !full.contains("n2-gpu0"),
+            "{full}"
+        );
+    }
+    let (ok, stdout, stderr) = plugins_test(&["spend-guard-default"]).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        scenario_block(&stdout, "within-budget").contains("decision: allowed"),
+        "{stdout}"
+    );
+    assert!(
+        scenario_block(&stdout, "over-budget").contains("decision: refused"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2 scenarios: 2 ok, 0 failed"), "{stdout}");
+}

@@ -347,7 +347,7 @@ async fn confirmation_state(conn: &mut AnyConnection, r: &Reservation) -> Result
         .map_or_else(|| "expired".into(), |c| c.state))
 }
 
-pub(super) fn new_draft(
+pub(crate) fn new_draft(
     caller: &Principal,
     id: &str,
     request: &CreateRequest,

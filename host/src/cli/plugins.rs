@@ -50,6 +50,12 @@ pub enum PluginsCommand {
         #[command(flatten)]
         page: Paging,
     },
+    /// Run a plugin on this machine, without a server, against built-in scenarios (an
+    /// 8-GPU node with two NVLink domains, a pool of MIG instances and NIC VFs, an almost
+    /// full pool; two budgets for a spend-guard) and optionally a scenario file. Prints
+    /// each decision, its time and the plugin's log lines, checks each answer as the
+    /// server would, and exits non-zero when an answer is invalid or the plugin fails.
+    Test(super::plugin_test::TestArgs),
 }
 
 impl PoliciesCommand {
@@ -164,6 +170,7 @@ pub(super) async fn run_plugins(client: &Client, command: PluginsCommand) -> any
             client.delete(&format!("/v1/plugins/{id}")).await?;
             (json!({ "deleted": id }), render::object)
         }
+        PluginsCommand::Test(_) => unreachable!("run without a server"),
         PluginsCommand::Logs { plugin, page } => {
             let id = client.plugin_id(&plugin).await?;
             (
