@@ -5,7 +5,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Options, Server, T0, assert_error, on_both_databases, register_node,
+    Api, Db, Options, Server, T0, assert_error, component, on_both_databases, register_node,
 };
 
 const HOUR: i64 = 3_600_000;
@@ -144,6 +144,7 @@ on_both_databases!(
     iam_policy_refusal_is_access_denied_and_stays_refused,
     an_agents_refused_create_is_confirmed_by_a_person,
     spend_limit_refuses_what_the_budget_cannot_cover,
+    a_failing_spend_guard_fails_the_create_or_falls_back_to_the_built_in,
     sixty_four_concurrent_creates_book_exactly_the_last_eight_gpus,
     concurrent_creates_past_the_quota_are_refused_each_alone_and_charge_it_exactly,
     node_reservation_rights_are_honoured_by_placement,
@@ -941,6 +942,74 @@ async fn spend_limit_refuses_what_the_budget_cannot_cover(db: Db) {
             && l.contains("outcome=\"refused\"")
             && l.ends_with(" 1")),
         "the built-in spend-guard component decided: {metrics}"
+    );
+}
+
+async fn a_failing_spend_guard_fails_the_create_or_falls_back_to_the_built_in(db: Db) {
+    let w = world_with(db, 1, json!({ "gpu": 64 }), json!({ "budgetCheck": true })).await;
+    let admin = w.server.admin();
+    admin
+        .post(&format!("/v1/pools/{}/offers", w.pool), json!({ "tenantId": "tenant-a", "quota": { "gpu": 64 }, "pricePerGpuHour": 250, "budget": 3000 }))
+        .await;
+    let (status, guard) = admin
+        .raw(
+            reqwest::Method::POST,
+            "/v1/plugins?name=guard-trap&version=1.0.0",
+            Some(std::fs::read(component("guard_trap.wasm")).unwrap()),
+            Some("application/wasm"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{guard}");
+    assert_eq!(guard["world"], "spend-guard", "{guard}");
+    let policies = format!("/v1/pools/{}/policies", w.pool);
+    let (status, set) = admin
+        .put(&policies, json!({ "spendLimit": guard["id"] }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{set}");
+    // Failing: the create fails with the plugin's failure, and holds nothing.
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-fail", 4)).await;
+    assert_error(status, &err, StatusCode::BAD_GATEWAY, "POLICY_FAILED");
+    assert_eq!(err["error"]["details"]["pluginId"], guard["id"], "{err}");
+    assert_eq!(err["error"]["details"]["kind"], "trap", "{err}");
+    assert_eq!(w.used_gpus().await, 0);
+    // Falling back: the built-in spend-guard decides, budget and all.
+    let (status, set) = admin
+        .put(
+            &policies,
+            json!({ "spendLimit": guard["id"], "onPolicyFailure": "fallback" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{set}");
+    // 4 GPUs x 2 h x 250 = 2000 of 3000: allowed; 2000 more: refused.
+    assert_eq!(w.create(w.ask("k-1", 4)).await["state"], "placed");
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-2", 4)).await;
+    assert_error(
+        status,
+        &err,
+        StatusCode::PAYMENT_REQUIRED,
+        "SPEND_LIMIT_REACHED",
+    );
+    assert_eq!(w.used_gpus().await, 4);
+    let (_, metrics) = w.server.anonymous().get("/metrics").await;
+    let metrics = metrics.as_str().unwrap();
+    let counted = |needles: &[&str]| {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("orl_policy_"))
+            .any(|l| needles.iter().all(|n| l.contains(n)))
+    };
+    let guard_id = guard["id"].as_str().unwrap();
+    assert!(
+        counted(&["orl_policy_failures_total", guard_id, "kind=\"trap\""]),
+        "{metrics}"
+    );
+    assert!(
+        counted(&[
+            "orl_policy_decisions_total",
+            "name=\"spend-guard-default\"",
+            "outcome=\"refused\""
+        ]),
+        "the built-in decided the refusal: {metrics}"
     );
 }
 
