@@ -32,13 +32,14 @@ exec 9>"$out/.lock"
 flock 9
 
 # The hash of the given files and of every file under the given directories (caches left
-# out), by path relative to the repository root.
+# out, and documentation: a README edit rebuilds nothing), by path relative to the
+# repository root.
 inputs_hash() {
     (
         cd "$root"
         find "$@" -type f \
             -not -path '*/__pycache__/*' -not -path '*/node_modules/*' -not -path '*/.venv/*' \
-            -not -name '*.wasm' -print0 |
+            -not -name '*.wasm' -not -name '*.md' -print0 |
             sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1
     )
 }
