@@ -1279,8 +1279,13 @@ async fn policy_get_with_json_or_field_prints_the_answer_alone(db: Db) {
 
 /// Runs `orl plugins test args…` with no server; answers its exit status, stdout and stderr.
 async fn plugins_test(args: &[&str]) -> (bool, String, String) {
+    // A generous deadline unless the test sets one: a loaded test machine may take more
+    // than the default 50 ms to make an instance.
     let mut all = vec!["plugins", "test"];
     all.extend_from_slice(args);
+    if !args.contains(&"--deadline-ms") && !args.contains(&"--help") {
+        all.extend(["--deadline-ms", "5000"]);
+    }
     let output = orl_alone(&all).await;
     (
         output.status.success(),
@@ -1390,6 +1395,37 @@ async fn plugins_test_fails_on_an_invalid_answer_or_a_failing_plugin_and_shows_i
     let (ok, stdout, _) = plugins_test(&[trap.to_str().unwrap()]).await;
     assert!(!ok);
     assert!(stdout.contains("decision: failed (trap)"), "{stdout}");
+    let bomb = component("memory_bomb.wasm");
+    let (ok, stdout, _) = plugins_test(&[bomb.to_str().unwrap(), "--deadline-ms", "5000"]).await;
+    assert!(!ok);
+    assert!(stdout.contains("decision: failed (memory)"), "{stdout}");
+    let sleeper = component("sleep_forever.wasm");
+    let (ok, stdout, _) = plugins_test(&[sleeper.to_str().unwrap(), "--deadline-ms", "20"]).await;
+    assert!(!ok);
+    assert!(stdout.contains("decision: failed (deadline)"), "{stdout}");
+    // The config file is the plugin's `/config/config.json`. This one refuses every
+    // request, which fails the scenario where the request fits.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, r#"{"spread": true}"#).unwrap();
+    let reader = component("read_config.wasm");
+    let (ok, stdout, _) = plugins_test(&[
+        reader.to_str().unwrap(),
+        "--config-file",
+        config.to_str().unwrap(),
+    ])
+    .await;
+    assert!(!ok);
+    let domains = scenario_block(&stdout, "two-nvlink-domains");
+    assert!(
+        domains.contains("decision: unschedulable: CONFIG: {"),
+        "{domains}"
+    );
+    assert!(domains.contains(r#""spread": true"#), "{domains}");
+    assert!(
+        domains.contains("problem: expected a placement"),
+        "{domains}"
+    );
 
     let flood = component("log_flood.wasm");
     let (ok, stdout, stderr) = plugins_test(&[flood.to_str().unwrap()]).await;
