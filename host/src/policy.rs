@@ -898,6 +898,7 @@ impl PolicyHost {
 
     /// Runs the preemptor `loaded`: the indices of the spot bookings to
     /// terminate, or why nothing can make room.
+    #[allow(clippy::too_many_arguments)] // the call's inputs, then how to run it
     pub fn preempt(
         &self,
         loaded: &Loaded,
@@ -1182,7 +1183,6 @@ where
 }
 
 /// Loads a precompiled component this process's engine wrote.
-
 #[allow(unsafe_code)]
 fn deserialize(engine: &Engine, path: &Path) -> anyhow::Result<Component> {
     // SAFETY: the file is an artifact of `Engine::precompile_component`, written by this
