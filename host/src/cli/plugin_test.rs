@@ -430,7 +430,19 @@ fn place(
         }
         Ok(Ok(choice)) => {
             if let Err(message) = check_choice(&offer.request, &offer.candidates, &choice) {
-                outcome.decision = format!("node #{} units {:?}", choice.node, choice.units);
+                // Named where they can be: an id that was not offered shows as `#id`.
+                let node = (choice.node as usize) < pool.snapshot.len();
+                outcome.decision = format!(
+                    "answered node {} units {} (candidate ids {} and {:?})",
+                    if node {
+                        pool.snapshot.node(choice.node as usize).id.clone()
+                    } else {
+                        format!("#{}", choice.node)
+                    },
+                    unit_names(&pool, &offer, &choice.units).join(", "),
+                    choice.node,
+                    choice.units,
+                );
                 outcome.problem = Some(format!("invalid answer: {message}"));
                 return Ok(outcome);
             }
