@@ -50,8 +50,8 @@ use wasmtime::{
 };
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
-use bindings::placer::orl::policy::types as wit;
 use crate::booking::placement::FactsOf;
+use bindings::placer::orl::policy::types as wit;
 use placer::NodeFacts;
 
 /// Default time a decision may take.
@@ -224,9 +224,7 @@ impl ResourceLimiter for MemoryCap {
 }
 
 /// The versions of the `orl:policy` package the host serves, oldest first.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, utoipa::ToSchema,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
 pub enum PolicyVersion {
     #[serde(rename = "orl:policy@0.1.0")]
     V0_1,

@@ -146,7 +146,12 @@ async fn a_0_2_placer_sees_each_nodes_name_region_and_labels(db: Db) {
     p.assign(&p.b, &new).await;
     // No node is labelled prefer=yes any more: the plugin refuses, describing every
     // candidate node as it was told about it.
-    label(&p.provider, "b2", json!({ "rack": "r7", "gpu-gen": "hopper" })).await;
+    label(
+        &p.provider,
+        "b2",
+        json!({ "rack": "r7", "gpu-gen": "hopper" }),
+    )
+    .await;
     let waiting = p.create(&p.b, "nowhere").await;
     assert_eq!(waiting["state"], "pending", "{waiting}");
     let reason = waiting["conditions"][0]["message"]

@@ -160,10 +160,9 @@ pub(super) fn decide(
                 why = "no other node has room".into();
                 break;
             }
-            let decision =
-                tokio::task::block_in_place(|| {
-                    placer.place(&offer.request, &candidates, &|c| snapshot.facts(c))
-                });
+            let decision = tokio::task::block_in_place(|| {
+                placer.place(&offer.request, &candidates, &|c| snapshot.facts(c))
+            });
             let (choice, decided_by) = match decision {
                 Ok(decision) => decision,
                 Err(Refusal::Unschedulable(message)) => {

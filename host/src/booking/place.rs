@@ -201,7 +201,9 @@ fn decide_one(
     let mut offer = snapshot.candidates(r, false, Some(CANDIDATE_NODES));
     // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.
     let (choice, decided_by) = loop {
-        match tokio::task::block_in_place(|| placer.place(&offer.request, &offer.candidates, &|c| snapshot.facts(c))) {
+        match tokio::task::block_in_place(|| {
+            placer.place(&offer.request, &offer.candidates, &|c| snapshot.facts(c))
+        }) {
             Ok(decision) => break decision,
             Err(Refusal::Unschedulable(_)) if offer.partial => {
                 offer = snapshot.candidates(r, false, None);

@@ -1076,7 +1076,9 @@ mod tests {
             vec![unit(0), unit(1), unit(1)],
             vec![unit(0), unit(0)],
         ]);
-        let (choice, _) = NativeDefault.place(&ask(2, true), &nodes, &|_| NodeFacts::default()).unwrap();
+        let (choice, _) = NativeDefault
+            .place(&ask(2, true), &nodes, &|_| NodeFacts::default())
+            .unwrap();
         assert!(check_choice(&ask(2, true), &nodes, &choice).is_ok());
         assert!(matches!(
             NativeDefault.place(&ask(3, true), &nodes, &|_| NodeFacts::default()),

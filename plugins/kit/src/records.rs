@@ -148,7 +148,12 @@ impl Candidates {
         } else {
             0..0
         };
-        run.map(|k| (self.text(facts.label_key[k]), self.text(facts.label_value[k])))
+        run.map(|k| {
+            (
+                self.text(facts.label_key[k]),
+                self.text(facts.label_value[k]),
+            )
+        })
     }
 
     /// The value of label `key` on node `j`, if it has that label.
@@ -266,7 +271,10 @@ mod tests {
     fn node_facts_read_as_strings_and_runs_past_the_text_read_as_empty() {
         let mut c = candidates();
 
-        assert_eq!((c.node_name(0), c.node_name(1), c.node_name(2)), ("n7", "n8", ""));
+        assert_eq!(
+            (c.node_name(0), c.node_name(1), c.node_name(2)),
+            ("n7", "n8", "")
+        );
         assert_eq!((c.node_region(0), c.node_region(1)), (Some("eu"), None));
         let labels: Vec<_> = c.node_labels(0).collect();
         assert_eq!(labels, [("rack", "r1"), ("tier", "a")]);
