@@ -10,7 +10,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::{Page, PageQuery, page};
 use crate::api::error::ErrorEnvelope;
 use crate::api::extract::{Json, Path, Query, RawBody};
-use crate::iam::Principal;
+use crate::iam::{Permission, Principal};
 use crate::policy::assignment::{self, PoolPolicies, PoolPoliciesPatch};
 use crate::policy::logs::{LINES_PER_PLUGIN, LogLine};
 use crate::policy::registry::{self, MAX_PLUGIN_BYTES, Plugin};
@@ -104,7 +104,9 @@ struct LogsQuery {
 /// id). Each replica keeps, in memory, the last 200 lines of each plugin from the
 /// decisions it ran, and loses them when it restarts; another replica has its own. A line
 /// past a call's cap (64 lines or 16 KiB) is not kept: one `warn` line says how many were
-/// dropped. Readable by whoever may read the plugin (`GET /v1/plugins/{id}`).
+/// dropped. Readable only by platform operators with `plugins.manage`, who manage plugins:
+/// a plugin's lines may describe any pool's requests, so a pool's own managers, who may
+/// read the plugin, do not read its lines.
 #[utoipa::path(get, path = "/v1/plugins/{id}/logs", tag = "plugins",
     params(("id" = String, Path), LogsQuery),
     responses((status = 200, body = Page<LogLine>), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)))]
@@ -123,6 +125,7 @@ async fn plugin_logs(
                 .map_err(|_| Error::invalid("cursor", "not a cursor from this API"))
         })
         .transpose()?;
+    caller.require_ops(Permission::PluginsManage, "plugin")?;
     let plugin = registry::get(&app, &caller, &id).await?;
     let lines = app
         .policy
