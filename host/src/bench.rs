@@ -66,15 +66,24 @@ pub fn snapshot(count: usize, rng: &mut StdRng) -> Candidates {
     candidates
 }
 
-/// The node facts of `candidates` as a pool of [`snapshot`]'s nodes would have them: a
-/// name, a region and two labels per node.
-fn facts(candidates: &Candidates) -> crate::booking::placement::NodeFacts {
+/// The names and rack labels of `count` nodes of [`snapshot`], made once: a decision's
+/// node facts are copied from them, as the server copies them from its view.
+fn node_names(count: usize) -> Vec<(String, String)> {
+    (0..count)
+        .map(|id| (format!("node-{id:05}"), format!("r{:03}", id / 40)))
+        .collect()
+}
+
+/// The node facts of `candidates`: each node's name, a region and two labels.
+fn facts(
+    names: &[(String, String)],
+    candidates: &Candidates,
+) -> crate::booking::placement::NodeFacts {
     let mut facts = crate::booking::placement::NodeFacts::default();
-    for id in &candidates.nodes.id {
-        let name = format!("node-{id:05}");
-        let rack = format!("r{:03}", id / 40);
+    for &id in &candidates.nodes.id {
+        let (name, rack) = &names[id as usize];
         let labels = [("rack", rack.as_str()), ("tier", "standard")];
-        facts.push(&name, Some("eu-west"), labels);
+        facts.push(name, Some("eu-west"), labels);
     }
     facts
 }
@@ -184,7 +193,8 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
         let candidates = nodes.units.len();
         // Warm both paths once.
         // The component gets node facts as the server builds them, per call.
-        let facts = |c: &Candidates| facts(c);
+        let names = node_names(*count);
+        let facts = |c: &Candidates| facts(&names, c);
         let _ = NativeDefault.place(&stream[0], &nodes, &facts);
         let _ = host.place(&component, &stream[0], &nodes, &facts, None, 60_000);
         let progress = crate::progress::bar(

@@ -143,28 +143,34 @@ pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wi
     }
 }
 
-/// A run of the bytes of [`NodeFacts::text`] (WIT `span`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ComponentType, Lower)]
-#[component(record)]
-pub struct TextSpan {
-    pub start: u32,
-    pub len: u32,
-}
-
 /// What a policy of `orl:policy@0.2.0` sees of each candidate node beyond its units (WIT
-/// `node-facts`): entry `j` of `name`, `region` and `labels` describes node `j` of the
-/// call's candidates, its strings runs of one block of text.
+/// `node-facts`): entry `j` of the `name`, `region` and `labels` columns describes node `j`
+/// of the call's candidates, its strings runs of one block of text. Columns of numbers, so
+/// the call copies each as one block.
 #[derive(Clone, Debug, Default, PartialEq, Eq, ComponentType, Lower)]
 #[component(record)]
 pub struct NodeFacts {
     pub text: Vec<u8>,
-    pub name: Vec<TextSpan>,
-    pub region: Vec<TextSpan>,
-    pub labels: Vec<TextSpan>,
-    #[component(name = "label-key")]
-    pub label_key: Vec<TextSpan>,
-    #[component(name = "label-value")]
-    pub label_value: Vec<TextSpan>,
+    #[component(name = "name-start")]
+    pub name_start: Vec<u32>,
+    #[component(name = "name-len")]
+    pub name_len: Vec<u32>,
+    #[component(name = "region-start")]
+    pub region_start: Vec<u32>,
+    #[component(name = "region-len")]
+    pub region_len: Vec<u32>,
+    #[component(name = "labels-start")]
+    pub labels_start: Vec<u32>,
+    #[component(name = "labels-len")]
+    pub labels_len: Vec<u32>,
+    #[component(name = "key-start")]
+    pub key_start: Vec<u32>,
+    #[component(name = "key-len")]
+    pub key_len: Vec<u32>,
+    #[component(name = "value-start")]
+    pub value_start: Vec<u32>,
+    #[component(name = "value-len")]
+    pub value_len: Vec<u32>,
 }
 
 impl NodeFacts {
@@ -176,28 +182,30 @@ impl NodeFacts {
         region: Option<&str>,
         labels: impl IntoIterator<Item = (&'l str, &'l str)>,
     ) {
-        let name = self.push_text(name);
-        self.name.push(name);
-        let region = region.map_or_else(TextSpan::default, |r| self.push_text(r));
-        self.region.push(region);
-        let first = self.label_key.len() as u32;
+        let (start, len) = self.push_text(name);
+        self.name_start.push(start);
+        self.name_len.push(len);
+        let (start, len) = region.map_or((0, 0), |r| self.push_text(r));
+        self.region_start.push(start);
+        self.region_len.push(len);
+        let first = self.key_start.len() as u32;
         for (key, value) in labels {
-            let key = self.push_text(key);
-            let value = self.push_text(value);
-            self.label_key.push(key);
-            self.label_value.push(value);
+            let (start, len) = self.push_text(key);
+            self.key_start.push(start);
+            self.key_len.push(len);
+            let (start, len) = self.push_text(value);
+            self.value_start.push(start);
+            self.value_len.push(len);
         }
-        let len = self.label_key.len() as u32 - first;
-        self.labels.push(TextSpan { start: first, len });
+        self.labels_start.push(first);
+        self.labels_len.push(self.key_start.len() as u32 - first);
     }
 
-    fn push_text(&mut self, text: &str) -> TextSpan {
+    /// Appends `text`; answers its run, start and length.
+    fn push_text(&mut self, text: &str) -> (u32, u32) {
         let start = self.text.len() as u32;
         self.text.extend_from_slice(text.as_bytes());
-        TextSpan {
-            start,
-            len: text.len() as u32,
-        }
+        (start, text.len() as u32)
     }
 }
 

@@ -115,10 +115,12 @@ impl Candidates {
             .unwrap_or(0)
     }
 
-    /// The string `span` of `node-facts.text`, or `""` when the run is not within the text
-    /// or not on character boundaries.
-    pub fn text(&self, span: Span) -> &str {
-        (self.node_facts.text.get(span.range()))
+    /// The string of `node-facts.text` that entry `i` of the columns `start` and `len`
+    /// names, or `""` when there is no entry `i` or the run is not within the text or not
+    /// on character boundaries.
+    pub fn text(&self, start: &[u32], len: &[u32], i: usize) -> &str {
+        run(start, len, i)
+            .and_then(|run| self.node_facts.text.get(run))
             .and_then(|bytes| std::str::from_utf8(bytes).ok())
             .unwrap_or("")
     }
@@ -126,33 +128,26 @@ impl Candidates {
     /// The name of node `j` (a position in `nodes`, not an id); `""` when there is no node
     /// `j`.
     pub fn node_name(&self, j: usize) -> &str {
-        self.node_facts
-            .name
-            .get(j)
-            .map_or("", |&span| self.text(span))
+        let facts = &self.node_facts;
+        self.text(&facts.name_start, &facts.name_len, j)
     }
 
     /// The region of node `j`, or `None` when it has none (or there is no node `j`).
     pub fn node_region(&self, j: usize) -> Option<&str> {
-        let span = *self.node_facts.region.get(j)?;
-        Some(self.text(span)).filter(|r| !r.is_empty())
+        let facts = &self.node_facts;
+        Some(self.text(&facts.region_start, &facts.region_len, j)).filter(|r| !r.is_empty())
     }
 
     /// The labels of node `j` as `(key, value)` pairs, sorted by key; none when there is
     /// no node `j` or its run reaches past the label columns.
     pub fn node_labels(&self, j: usize) -> impl Iterator<Item = (&str, &str)> {
-        let facts = &self.node_facts;
-        let run = facts.labels.get(j).map_or(0..0, |span| span.range());
-        let run = if run.end <= facts.label_key.len().min(facts.label_value.len()) {
-            run
-        } else {
-            0..0
-        };
-        run.map(|k| {
-            (
-                self.text(facts.label_key[k]),
-                self.text(facts.label_value[k]),
-            )
+        let f = &self.node_facts;
+        let labels = f.key_start.len().min(f.key_len.len());
+        let labels = labels.min(f.value_start.len()).min(f.value_len.len());
+        let run = run(&f.labels_start, &f.labels_len, j).filter(|run| run.end <= labels);
+        run.unwrap_or(0..0).map(|k| {
+            let key = self.text(&f.key_start, &f.key_len, k);
+            (key, self.text(&f.value_start, &f.value_len, k))
         })
     }
 
@@ -174,6 +169,14 @@ impl Candidates {
             memory_gib: *units.memory_gib.get(i)?,
         })
     }
+}
+
+/// Entry `i` of the columns `start` and `len` as a range, if there is one and it does not
+/// overflow.
+fn run(start: &[u32], len: &[u32], i: usize) -> Option<Range<usize>> {
+    let (&start, &len) = (start.get(i)?, len.get(i)?);
+    let start = start as usize;
+    Some(start..start.checked_add(len as usize)?)
 }
 
 impl DeviceRequest {
@@ -232,17 +235,18 @@ mod tests {
             // a label run past the columns.
             node_facts: NodeFacts {
                 text: b"n7eurackr1tieran8".to_vec(),
-                name: vec![span(0, 2), span(15, 2)],
-                region: vec![span(2, 2), span(0, 0)],
-                labels: vec![span(0, 2), span(1, 5)],
-                label_key: vec![span(4, 4), span(10, 4)],
-                label_value: vec![span(8, 2), span(14, 1)],
+                name_start: vec![0, 15],
+                name_len: vec![2, 2],
+                region_start: vec![2, 0],
+                region_len: vec![2, 0],
+                labels_start: vec![0, 1],
+                labels_len: vec![2, 5],
+                key_start: vec![4, 10],
+                key_len: vec![4, 4],
+                value_start: vec![8, 14],
+                value_len: vec![2, 1],
             },
         }
-    }
-
-    fn span(start: u32, len: u32) -> Span {
-        Span { start, len }
     }
 
     #[test]
@@ -280,7 +284,7 @@ mod tests {
         assert_eq!(labels, [("rack", "r1"), ("tier", "a")]);
         assert_eq!(c.node_label(0, "tier"), Some("a"));
         assert_eq!(c.node_labels(1).count(), 0, "a run past the label columns");
-        c.node_facts.name[1] = span(16, 5);
+        c.node_facts.name_len[1] = 5;
         assert_eq!(c.node_name(1), "", "a run past the text");
         c.node_facts.text[0] = 0xff;
         assert_eq!(c.node_name(0), "", "not UTF-8");
