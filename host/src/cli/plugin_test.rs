@@ -248,6 +248,29 @@ pub struct Outcome {
     pub log: Vec<LogLine>,
 }
 
+impl Outcome {
+    /// The outcome of `scenario` before anything is decided.
+    fn of(scenario: &Scenario) -> Outcome {
+        Outcome {
+            scenario: scenario.name.clone(),
+            description: scenario.description.clone(),
+            decision: String::new(),
+            problem: None,
+            note: None,
+            took: Duration::ZERO,
+            log: Vec::new(),
+        }
+    }
+
+    /// The plugin failed the decision (a trap, its deadline or its memory cap).
+    fn failed(mut self, failure: &crate::policy::Failure) -> Outcome {
+        let kind = failure.kind.as_str();
+        self.decision = format!("failed ({kind})");
+        self.problem = Some(format!("{kind}: {}", failure.message));
+        self
+    }
+}
+
 /// The nodes, bookings and request of a placement scenario, read as the server reads a
 /// pool: a [`Snapshot`] over the request's window and the reservation it decides for.
 struct Pool {
@@ -407,20 +430,12 @@ fn place(
     );
     let took = started.elapsed();
     let mut outcome = Outcome {
-        scenario: scenario.name.clone(),
-        description: scenario.description.clone(),
-        decision: String::new(),
-        problem: None,
-        note: None,
         took,
         log: lines_after(host, &loaded.id, before),
+        ..Outcome::of(scenario)
     };
     let placed = match answer {
-        Err(failure) => {
-            outcome.decision = format!("failed ({})", failure.kind.as_str());
-            outcome.problem = Some(format!("{}: {}", failure.kind.as_str(), failure.message));
-            return Ok(outcome);
-        }
+        Err(failure) => return Ok(outcome.failed(&failure)),
         Ok(Err(reason)) => {
             outcome.decision = format!("unschedulable: {reason}");
             if orl_placer_default::place(&offer.request, &offer.candidates).is_ok() {
@@ -478,15 +493,7 @@ fn preempt(
     now: i64,
 ) -> anyhow::Result<Outcome> {
     let pool = pool_of(scenario, now)?;
-    let mut outcome = Outcome {
-        scenario: scenario.name.clone(),
-        description: scenario.description.clone(),
-        decision: String::new(),
-        problem: None,
-        note: None,
-        took: Duration::ZERO,
-        log: Vec::new(),
-    };
+    let mut outcome = Outcome::of(scenario);
     if pool.reservation.spot {
         outcome.decision = "not asked: a spot request never preempts".into();
         return Ok(outcome);
@@ -516,11 +523,7 @@ fn preempt(
     outcome.took = started.elapsed();
     outcome.log = lines_after(host, &loaded.id, before);
     let victims = match answer {
-        Err(failure) => {
-            outcome.decision = format!("failed ({})", failure.kind.as_str());
-            outcome.problem = Some(format!("{}: {}", failure.kind.as_str(), failure.message));
-            return Ok(outcome);
-        }
+        Err(failure) => return Ok(outcome.failed(&failure)),
         Ok(Err(reason)) => {
             outcome.decision = format!("nothing can make room: {reason}");
             return Ok(outcome);
@@ -598,20 +601,12 @@ fn spend(
     let answer = host.spend(loaded, &charge, &budget, config, deadline_ms);
     let took = started.elapsed();
     let mut outcome = Outcome {
-        scenario: scenario.name.clone(),
-        description: scenario.description.clone(),
-        decision: String::new(),
-        problem: None,
-        note: None,
         took,
         log: lines_after(host, &loaded.id, before),
+        ..Outcome::of(scenario)
     };
     let allowed = match answer {
-        Err(failure) => {
-            outcome.decision = format!("failed ({})", failure.kind.as_str());
-            outcome.problem = Some(format!("{}: {}", failure.kind.as_str(), failure.message));
-            return Ok(outcome);
-        }
+        Err(failure) => return Ok(outcome.failed(&failure)),
         Ok(Ok(())) => {
             outcome.decision = "allowed".into();
             true
