@@ -17,7 +17,7 @@ use std::time::Instant;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, on_both_databases, register_node};
+use crate::support::{Api, Db, Server, on_both_databases, pools_for_tenant_a, register_node};
 
 on_both_databases!(
     the_python_example_spreads_what_the_default_packs,
@@ -99,27 +99,7 @@ async fn pools(db: Db) -> Pools {
         register_node(&provider, "acme", &format!("n{n}"), 8).await;
     }
     let tenant = server.org_with_key("tenant-a", "member").await;
-    let mut ids = Vec::new();
-    for nodes in [json!(["n1", "n2"]), json!(["n3", "n4"])] {
-        let (status, pool) = server
-            .admin()
-            .post(
-                "/v1/pools",
-                json!({ "name": "p", "ownerOrgId": "acme", "nodeIds": nodes }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{pool}");
-        let id = pool["id"].as_str().unwrap().to_string();
-        let (status, offer) = server
-            .admin()
-            .post(
-                &format!("/v1/pools/{id}/offers"),
-                json!({ "tenantId": "tenant-a", "quota": { "gpu": 64 } }),
-            )
-            .await;
-        assert!(status.is_success(), "{status} {offer}");
-        ids.push(id);
-    }
+    let ids = pools_for_tenant_a(&server, &[&["n1", "n2"], &["n3", "n4"]]).await;
     Pools {
         server,
         tenant,

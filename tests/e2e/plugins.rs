@@ -5,7 +5,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Server, assert_error, component, list_params, on_both_databases, pages, register_node,
+    Api, Db, Server, assert_error, component, list_params, on_both_databases, pages,
+    pools_for_tenant_a, register_node,
 };
 
 /// A provider with three 8-GPU nodes in two pools (`n1`, `n2` and `n3`), each offered to
@@ -27,26 +28,7 @@ pub(crate) async fn world_on(server: Server) -> World {
         register_node(&provider, "acme", &format!("n{n}"), 8).await;
     }
     let tenant = server.org_with_key("tenant-a", "member").await;
-    let mut pools = Vec::new();
-    for nodes in [json!(["n1", "n2"]), json!(["n3"])] {
-        let (status, pool) = server
-            .admin()
-            .post(
-                "/v1/pools",
-                json!({ "name": "p", "ownerOrgId": "acme", "nodeIds": nodes }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{pool}");
-        let id = pool["id"].as_str().unwrap().to_string();
-        server
-            .admin()
-            .post(
-                &format!("/v1/pools/{id}/offers"),
-                json!({ "tenantId": "tenant-a", "quota": { "gpu": 64 } }),
-            )
-            .await;
-        pools.push(id);
-    }
+    let pools = pools_for_tenant_a(&server, &[&["n1", "n2"], &["n3"]]).await;
     World {
         server,
         tenant,

@@ -5,7 +5,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Server, component, h100_inventory, on_both_databases, register_node,
+    Api, Db, Server, component, h100_inventory, on_both_databases, pools_for_tenant_a,
+    register_node,
 };
 
 on_both_databases!(
@@ -31,27 +32,7 @@ async fn pools(db: Db) -> Pools {
     }
     label(&provider, "b2", json!({ "prefer": "yes", "rack": "r7" })).await;
     let tenant = server.org_with_key("tenant-a", "member").await;
-    let mut ids = Vec::new();
-    for nodes in [json!(["a1", "a2"]), json!(["b1", "b2"])] {
-        let (status, pool) = server
-            .admin()
-            .post(
-                "/v1/pools",
-                json!({ "name": "p", "ownerOrgId": "acme", "nodeIds": nodes }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{pool}");
-        let id = pool["id"].as_str().unwrap().to_string();
-        let (status, offer) = server
-            .admin()
-            .post(
-                &format!("/v1/pools/{id}/offers"),
-                json!({ "tenantId": "tenant-a", "quota": { "gpu": 64 } }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{offer}");
-        ids.push(id);
-    }
+    let ids = pools_for_tenant_a(&server, &[&["a1", "a2"], &["b1", "b2"]]).await;
     Pools {
         server,
         provider,

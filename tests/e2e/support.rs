@@ -549,6 +549,33 @@ pub fn h100_inventory(node: &str, gpus: usize) -> Value {
     })
 }
 
+/// A pool of `acme`'s nodes for each list of `pools` (the nodes registered already), each
+/// offered to `tenant-a` with a quota of 64 GPUs; answers the pools' ids in order.
+pub async fn pools_for_tenant_a(server: &Server, pools: &[&[&str]]) -> Vec<String> {
+    let mut ids = Vec::new();
+    for nodes in pools {
+        let (status, pool) = server
+            .admin()
+            .post(
+                "/v1/pools",
+                json!({ "name": "p", "ownerOrgId": "acme", "nodeIds": nodes }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{pool}");
+        let id = pool["id"].as_str().unwrap().to_string();
+        let (status, offer) = server
+            .admin()
+            .post(
+                &format!("/v1/pools/{id}/offers"),
+                json!({ "tenantId": "tenant-a", "quota": { "gpu": 64 } }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{offer}");
+        ids.push(id);
+    }
+    ids
+}
+
 /// Registers `node` with `gpus` H100s for `org` as `api`, expecting success.
 pub async fn register_node(api: &Api, org: &str, node: &str, gpus: usize) -> Value {
     let (status, body) = api
