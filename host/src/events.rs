@@ -69,11 +69,58 @@ pub fn push(
     payload: &Value,
     now_ms: i64,
 ) {
+    push_values(batch, kind, object_id, to_json(org_ids), payload, now_ms);
+}
+
+/// An event made while its transaction writes and appended just before it commits
+/// ([`Outgoing::push`]): on PostgreSQL the append takes the outbox lock ([`emit`]), so the
+/// later it comes, the less time other transactions wait for it.
+#[derive(Debug)]
+pub struct Outgoing {
+    kind: String,
+    object_id: String,
+    org_ids: String,
+    payload: Value,
+    at: i64,
+}
+
+impl Outgoing {
+    pub fn new(kind: &str, object_id: &str, org_ids: &[&str], payload: Value, at: i64) -> Outgoing {
+        Outgoing {
+            kind: kind.to_string(),
+            object_id: object_id.to_string(),
+            org_ids: to_json(org_ids),
+            payload,
+            at,
+        }
+    }
+
+    /// Adds its append to `batch`.
+    pub fn push(&self, batch: &mut Batch) {
+        push_values(
+            batch,
+            &self.kind,
+            &self.object_id,
+            self.org_ids.clone(),
+            &self.payload,
+            self.at,
+        );
+    }
+}
+
+fn push_values(
+    batch: &mut Batch,
+    kind: &str,
+    object_id: &str,
+    org_ids: String,
+    payload: &Value,
+    now_ms: i64,
+) {
     let mut values: Vec<crate::store::Value> = vec![
         now_ms.into(),
         kind.into(),
         object_id.into(),
-        to_json(org_ids).into(),
+        org_ids.into(),
         to_json(payload).into(),
     ];
     let sql = if batch.postgres() {

@@ -256,8 +256,8 @@ impl DerefMut for Tx {
 /// query, on PostgreSQL as one statement of data-modifying `WITH` parts. Each statement is
 /// pushed with its own parameters numbered from `$1`; they are renumbered to follow the
 /// statements before. Only `INSERT`, `UPDATE` and `DELETE` without `RETURNING` go in a
-/// batch. On PostgreSQL the parts see the same snapshot, so none may depend on another's
-/// rows.
+/// batch, and on PostgreSQL a `SELECT` that locks rows ([`Batch::push_lock`]). On
+/// PostgreSQL the parts see the same snapshot, so none may depend on another's rows.
 pub struct Batch {
     statements: Vec<String>,
     values: Vec<Value>,
@@ -363,6 +363,17 @@ impl Batch {
         !self.postgres
     }
 
+    /// Adds `sql`, a `SELECT … FOR …` that locks rows (PostgreSQL only), whose count is
+    /// how many rows it locked. Its locks are taken however the other parts go; those see
+    /// the snapshot from before any wait for them.
+    pub fn push_lock(&mut self, sql: &str, values: Vec<Value>) -> &mut Batch {
+        assert!(
+            self.postgres && sql.starts_with("SELECT"),
+            "a lock is a PostgreSQL SELECT"
+        );
+        self.push(sql, values)
+    }
+
     /// Adds `sql`, whose parameters `$1…` are `values`.
     pub fn push(&mut self, sql: &str, values: Vec<Value>) -> &mut Batch {
         self.statements.push(renumber(sql, self.values.len()));
@@ -429,7 +440,10 @@ impl Batch {
             // The parts run in the order the final select reads them.
             (true, _, _) => {
                 let parts: Vec<String> = (self.statements.iter().enumerate())
-                    .map(|(i, s)| format!("s{i} AS ({s} RETURNING 1)"))
+                    .map(|(i, s)| match s.starts_with("SELECT") {
+                        true => format!("s{i} AS ({s})"),
+                        false => format!("s{i} AS ({s} RETURNING 1)"),
+                    })
                     .collect();
                 let columns: Vec<String> = (0..n)
                     .map(|i| format!("CAST((SELECT COUNT(*) FROM s{i}) AS BIGINT)"))

@@ -5,8 +5,8 @@ use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
-    CREATE, Laying, attributes, bookable_pool, commit_laying, emit, not_found, placement_event,
-    push_event,
+    CREATE, Laying, attributes, bookable_pool, commit_laying, emit, event, not_found,
+    placement_event,
 };
 use super::place;
 use super::store::{self, ComputeReservation, Reservation};
@@ -19,6 +19,7 @@ use super::{
 };
 use crate::audit::{self, Entry};
 use crate::capacity::Since;
+use crate::events::Outgoing;
 use crate::iam::confirmations;
 use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
@@ -306,12 +307,13 @@ async fn store_draft(app: &App, caller: &Principal, draft: &Reservation) -> Resu
     Ok(true)
 }
 
-/// Runs `batch`, which inserts a new draft ([`push_draft`]), and reads where the capacity
-/// feed stands for this transaction ([`crate::capacity::View::since`]), in one round trip;
-/// `None` when the id exists: the caller rolls back (the entry was written).
+/// Runs `batch`, which inserts a new draft ([`push_draft`]) (and may then take locks), and
+/// reads where the capacity feed stands for this transaction
+/// ([`crate::capacity::View::since`]), in one round trip; `None` when the id exists: the
+/// caller rolls back (the entry was written).
 async fn insert_draft(app: &App, conn: &mut AnyConnection, batch: Batch) -> Result<Option<Since>> {
     let (rows, since) = batch.execute_then(conn, app.capacity.since_sql()).await?;
-    Ok((rows == DRAFT_ROWS).then(|| app.capacity.since_of(since)))
+    Ok((rows[..DRAFT_ROWS.len()] == DRAFT_ROWS).then(|| app.capacity.since_of(since)))
 }
 
 /// How many rows [`push_draft`]'s statements change when the id is new.
@@ -624,8 +626,12 @@ async fn charge_and_place(
         let mut writer = Writer::for_decision(app, &decided).await?;
         let write = write_placement(app, &mut writer, &placing, &terms, &mut r, decided, attempt);
         match write.await {
-            Ok(Written::Keep { since, laying }) => {
-                writer.keep(app, since, laying).await?;
+            Ok(Written::Keep {
+                since,
+                laying,
+                event,
+            }) => {
+                writer.keep(app, since, laying, event).await?;
                 return Ok(Some(r));
             }
             Ok(Written::Done(done)) => {
@@ -701,11 +707,17 @@ impl Writer {
         }
     }
 
-    /// Commits what was written (with the group, or now) and lays `laying` onto the view.
-    async fn keep(self, app: &App, since: Since, laying: Laying) -> Result<()> {
+    /// Appends `event` and commits what was written (with the group, or now), and lays
+    /// `laying` onto the view.
+    async fn keep(self, app: &App, since: Since, laying: Laying, event: Outgoing) -> Result<()> {
         match self {
-            Writer::Member(member) => member.keep(since, laying).await,
-            Writer::Alone(tx) => commit_laying(app, tx, since, laying).await,
+            Writer::Member(member) => member.keep(since, laying, event).await,
+            Writer::Alone(mut tx) => {
+                let mut batch = Batch::on(&mut tx);
+                event.push(&mut batch);
+                batch.execute(&mut tx).await?;
+                commit_laying(app, tx, since, laying).await
+            }
         }
     }
 
@@ -727,8 +739,13 @@ struct Terms<'a> {
 
 /// What one placement attempt's writes came to.
 enum Written {
-    /// To commit: `r` placed or pending, and what it lays onto the view, read from `since`.
-    Keep { since: Since, laying: Laying },
+    /// To commit: `r` placed or pending, its event (appended just before the commit), and
+    /// what it lays onto the view, read from `since`.
+    Keep {
+        since: Since,
+        laying: Laying,
+        event: Outgoing,
+    },
     /// Nothing to keep: the answer of [`charge_and_place`] (the reservation found already
     /// stored; `None` when a concurrent create with the same key stored its draft first).
     Done(Option<Box<Reservation>>),
@@ -761,6 +778,7 @@ async fn write_placement(
     let mut draft = Batch::on(writer.conn());
     let draft_with_placement =
         !stored && draft.sequential() && !place::writes_at_once(&decided, attempt);
+    let mut locked = false;
     let since = if stored {
         writer.start().await?;
         let tx = writer.conn();
@@ -780,6 +798,7 @@ async fn write_placement(
         } else {
             let mut batch = std::mem::replace(&mut draft, Batch::on(writer.conn()));
             writer.begin_in(&mut batch);
+            locked = place::lock_chosen(&mut batch, pool, &decided, attempt);
             let Some(since) = insert_draft(app, writer.conn(), batch).await? else {
                 return Ok(Written::Done(None));
             };
@@ -806,6 +825,7 @@ async fn write_placement(
             None => DRAFT_ROWS.to_vec(),
             Some(_) => Vec::new(),
         },
+        locked,
     };
     // What to decide again from if the bookings lose in the final round trip, after the
     // placement marked `r` placed.
@@ -816,13 +836,15 @@ async fn write_placement(
         place::Outcome::Pending => (false, Vec::new()),
         place::Outcome::Lost(nodes) => return Ok(Written::Lost(nodes)),
     };
-    // One round trip writes the bookings, the reservation, its audit entry, the quota
-    // charge and the event, so the tenant's quota rows stay locked only until the commit
-    // right after. The quota is charged before the event's outbox lock, in the order a
-    // release refunds and emits.
+    // One round trip writes the bookings, the reservation, its audit entry and the quota
+    // charge, so the tenant's quota rows stay locked only until the commit right after. The
+    // event is appended last, just before the commit (its outbox lock after every other
+    // lock, in the order a release refunds and emits).
     r.charge = Some(terms.charge.clone());
     r.operate("create", now);
-    let place::Deferred { mut batch, expect } = deferred;
+    let place::Deferred {
+        mut batch, expect, ..
+    } = deferred;
     store::push_update(&mut batch, r);
     let entry = Entry {
         org_id: &r.tenant_id,
@@ -835,7 +857,7 @@ async fn write_placement(
     audit::push(&mut batch, caller, entry, now);
     let tenant = (r.pool_id.as_str(), r.tenant_id.as_str());
     let charged = store::push_charge(&mut batch, tenant, terms.charge, 1, Some(terms.limits));
-    push_event(&mut batch, r, placement_event(placed, pool), json!({}));
+    let event = event(r, placement_event(placed, pool), json!({}));
     // Read before the write that locks the tenant's quota rows: nothing waits between it
     // and the commit that lets them go.
     let laying = place::laying(app, r, &preempted, now).await;
@@ -879,6 +901,7 @@ async fn write_placement(
     Ok(Written::Keep {
         since: since.until(until),
         laying,
+        event,
     })
 }
 

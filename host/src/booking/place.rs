@@ -30,7 +30,7 @@ use crate::capacity::{Assumed, Assumption, Change};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::settings::Version;
-use crate::store::{Backend, Batch, violates};
+use crate::store::{Backend, Batch, Value, violates};
 use crate::{App, Error, Result};
 
 /// How many candidate nodes a placer is offered at first: enough for a good fit, few
@@ -60,6 +60,39 @@ pub(super) struct Chosen {
 pub(super) struct Deferred {
     pub batch: Batch,
     pub expect: Vec<u64>,
+    /// Whether a statement before took the chosen nodes' locks ([`lock_chosen`]).
+    pub locked: bool,
+}
+
+/// Adds to `batch` (PostgreSQL's, run before the batch that writes the placement) the locks
+/// on the nodes `decided` chose, when the bookings will be written in that later batch and
+/// no node reservation claims the nodes: that batch's statement then starts after the
+/// locks, so its checks of each node ([`node_room`]) see every placement that held the lock
+/// before, and no separate check is needed. Answers whether it added them.
+pub(super) fn lock_chosen(batch: &mut Batch, pool: &Pool, decided: &Decided, attempt: u32) -> bool {
+    let Decided::Chosen(chosen) = decided else {
+        return false;
+    };
+    // A pool-lease pool takes its pool lock first, then the nodes'.
+    if !batch.postgres()
+        || chosen.claimed
+        || writes_at_once(decided, attempt)
+        || pool.policy.placer == PlacerMode::PoolLease
+    {
+        return false;
+    }
+    let ids: Vec<Value> = chosen
+        .members
+        .iter()
+        .map(|m| Value::from(&m.node_id))
+        .collect();
+    // In id order, so that two placements sharing nodes never wait for each other.
+    let sql = format!(
+        "SELECT id FROM nodes WHERE id IN ({}) ORDER BY id FOR NO KEY UPDATE",
+        crate::store::placeholders(1, ids.len())
+    );
+    batch.push_lock(&sql, ids);
+    true
 }
 
 /// Where [`book`] writes the bookings.
@@ -364,10 +397,11 @@ pub(super) async fn book(
     } = chosen;
     let nodes = |members: &[Member]| members.iter().map(|m| m.node_id.clone()).collect();
     // Where the batch's statements run in turn under the one writer, which is then the
-    // node's lock, a node without node reservations is checked by the statement that books
-    // its units ([`node_room`]).
+    // node's lock, or where a statement before took the nodes' locks ([`lock_chosen`]), a
+    // node without node reservations is checked by the statement that books its units
+    // ([`node_room`]).
     let checked_in_batch = match &write {
-        Write::Into(deferred) => !claimed && deferred.batch.sequential(),
+        Write::Into(deferred) => !claimed && (deferred.batch.sequential() || deferred.locked),
         Write::Now { .. } => false,
     };
     if !checked_in_batch {
