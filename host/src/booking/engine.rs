@@ -217,5 +217,5 @@ pub(super) fn event(r: &Reservation, kind: &str, extra: serde_json::Value) -> ev
     if let (Some(target), Some(extra)) = (payload.as_object_mut(), extra.as_object()) {
         target.extend(extra.clone());
     }
-    events::Outgoing::new(kind, &r.id, &[&r.tenant_id], payload, r.updated_at)
+    events::Outgoing::new(kind, &r.id, &[&r.tenant_id], &payload, r.updated_at)
 }

@@ -267,7 +267,8 @@ impl Open {
     /// Appends the members' events, commits, and lays every member's changes onto the view
     /// (before any other write of this replica commits, on SQLite), then tells the members.
     async fn commit(mut self, view: &View) {
-        if let Err(err) = append(&mut self.tx, self.postgres, &self.events).await {
+        let events = std::mem::take(&mut self.events);
+        if let Err(err) = append(&mut self.tx, self.postgres, events).await {
             return self.fail(&err.to_string()).await;
         }
         let Open {
@@ -305,7 +306,7 @@ impl Open {
 
 /// Appends `events` in the group's transaction (with no limit on the wait for the outbox
 /// lock, on PostgreSQL).
-async fn append(tx: &mut Tx, postgres: bool, events: &[Outgoing]) -> Result<()> {
+async fn append(tx: &mut Tx, postgres: bool, events: Vec<Outgoing>) -> Result<()> {
     if events.is_empty() {
         return Ok(());
     }
