@@ -69,57 +69,22 @@ pub fn push(
     payload: &Value,
     now_ms: i64,
 ) {
-    Outgoing::new(kind, object_id, org_ids, payload, now_ms).push(batch);
-}
-
-/// An event made while its transaction writes and appended just before it commits
-/// ([`Outgoing::push`]): on PostgreSQL the append takes the outbox lock ([`emit`]), so the
-/// later it comes, the less time other transactions wait for it.
-#[derive(Debug)]
-pub struct Outgoing {
-    kind: String,
-    object_id: String,
-    org_ids: String,
-    payload: String,
-    at: i64,
-}
-
-impl Outgoing {
-    pub fn new(
-        kind: &str,
-        object_id: &str,
-        org_ids: &[&str],
-        payload: &Value,
-        at: i64,
-    ) -> Outgoing {
-        Outgoing {
-            kind: kind.to_string(),
-            object_id: object_id.to_string(),
-            org_ids: to_json(org_ids),
-            payload: to_json(payload),
-            at,
-        }
-    }
-
-    /// Adds its append to `batch`.
-    pub fn push(self, batch: &mut Batch) {
-        let mut values: Vec<crate::store::Value> = vec![
-            self.at.into(),
-            self.kind.into(),
-            self.object_id.into(),
-            self.org_ids.into(),
-            self.payload.into(),
-        ];
-        let sql = if batch.postgres() {
-            // The lock is taken before the row (and its `seq`) is made.
-            values.extend([OUTBOX_LOCK.into(), CHANNEL.into()]);
-            "INSERT INTO events (at, type, object_id, org_ids, payload)
-             SELECT $1, $2, $3, $4, $5 FROM (SELECT pg_advisory_xact_lock($6), pg_notify($7, '')) AS outbox"
-        } else {
-            "INSERT INTO events (at, type, object_id, org_ids, payload) VALUES ($1, $2, $3, $4, $5)"
-        };
-        batch.push(sql, values);
-    }
+    let mut values: Vec<crate::store::Value> = vec![
+        now_ms.into(),
+        kind.into(),
+        object_id.into(),
+        to_json(org_ids).into(),
+        to_json(payload).into(),
+    ];
+    let sql = if batch.postgres() {
+        // The lock is taken before the row (and its `seq`) is made.
+        values.extend([OUTBOX_LOCK.into(), CHANNEL.into()]);
+        "INSERT INTO events (at, type, object_id, org_ids, payload)
+         SELECT $1, $2, $3, $4, $5 FROM (SELECT pg_advisory_xact_lock($6), pg_notify($7, '')) AS outbox"
+    } else {
+        "INSERT INTO events (at, type, object_id, org_ids, payload) VALUES ($1, $2, $3, $4, $5)"
+    };
+    batch.push(sql, values);
 }
 
 /// One event as the API shows it.

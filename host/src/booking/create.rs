@@ -5,8 +5,8 @@ use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
-    CREATE, Laying, attributes, bookable_pool, commit_laying, emit, event, not_found,
-    placement_event,
+    CREATE, Laying, attributes, bookable_pool, commit_laying, emit, not_found, placement_event,
+    push_event,
 };
 use super::place;
 use super::store::{self, ComputeReservation, Reservation};
@@ -19,7 +19,6 @@ use super::{
 };
 use crate::audit::{self, Entry};
 use crate::capacity::Since;
-use crate::events::Outgoing;
 use crate::iam::confirmations;
 use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
@@ -626,12 +625,8 @@ async fn charge_and_place(
         let mut writer = Writer::for_decision(app, &decided).await?;
         let write = write_placement(app, &mut writer, &placing, &terms, &mut r, decided, attempt);
         match write.await {
-            Ok(Written::Keep {
-                since,
-                laying,
-                event,
-            }) => {
-                writer.keep(app, since, laying, event).await?;
+            Ok(Written::Keep { since, laying }) => {
+                writer.keep(app, since, laying).await?;
                 return Ok(Some(r));
             }
             Ok(Written::Done(done)) => {
@@ -707,17 +702,11 @@ impl Writer {
         }
     }
 
-    /// Appends `event` and commits what was written (with the group, or now), and lays
-    /// `laying` onto the view.
-    async fn keep(self, app: &App, since: Since, laying: Laying, event: Outgoing) -> Result<()> {
+    /// Commits what was written (with the group, or now) and lays `laying` onto the view.
+    async fn keep(self, app: &App, since: Since, laying: Laying) -> Result<()> {
         match self {
-            Writer::Member(member) => member.keep(since, laying, event).await,
-            Writer::Alone(mut tx) => {
-                let mut batch = Batch::on(&mut tx);
-                event.push(&mut batch);
-                batch.execute(&mut tx).await?;
-                commit_laying(app, tx, since, laying).await
-            }
+            Writer::Member(member) => member.keep(since, laying).await,
+            Writer::Alone(tx) => commit_laying(app, tx, since, laying).await,
         }
     }
 
@@ -739,13 +728,8 @@ struct Terms<'a> {
 
 /// What one placement attempt's writes came to.
 enum Written {
-    /// To commit: `r` placed or pending, its event (appended just before the commit), and
-    /// what it lays onto the view, read from `since`.
-    Keep {
-        since: Since,
-        laying: Laying,
-        event: Outgoing,
-    },
+    /// To commit: `r` placed or pending, and what it lays onto the view, read from `since`.
+    Keep { since: Since, laying: Laying },
     /// Nothing to keep: the answer of [`charge_and_place`] (the reservation found already
     /// stored; `None` when a concurrent create with the same key stored its draft first).
     Done(Option<Box<Reservation>>),
@@ -836,10 +820,10 @@ async fn write_placement(
         place::Outcome::Pending => (false, Vec::new()),
         place::Outcome::Lost(nodes) => return Ok(Written::Lost(nodes)),
     };
-    // One round trip writes the bookings, the reservation, its audit entry and the quota
-    // charge, so the tenant's quota rows stay locked only until the commit right after. The
-    // event is appended last, just before the commit (its outbox lock after every other
-    // lock, in the order a release refunds and emits).
+    // One round trip writes the bookings, the reservation, its audit entry, the quota
+    // charge and the event, so the tenant's quota rows stay locked only until the commit
+    // right after. The quota is charged before the event's outbox lock, in the order a
+    // release refunds and emits.
     r.charge = Some(terms.charge.clone());
     r.operate("create", now);
     let place::Deferred {
@@ -857,7 +841,7 @@ async fn write_placement(
     audit::push(&mut batch, caller, entry, now);
     let tenant = (r.pool_id.as_str(), r.tenant_id.as_str());
     let charged = store::push_charge(&mut batch, tenant, terms.charge, 1, Some(terms.limits));
-    let event = event(r, placement_event(placed, pool), json!({}));
+    push_event(&mut batch, r, placement_event(placed, pool), json!({}));
     // Read before the write that locks the tenant's quota rows: nothing waits between it
     // and the commit that lets them go.
     let laying = place::laying(app, r, &preempted, now).await;
@@ -901,7 +885,6 @@ async fn write_placement(
     Ok(Written::Keep {
         since: since.until(until),
         laying,
-        event,
     })
 }
 

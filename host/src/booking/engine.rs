@@ -208,14 +208,9 @@ pub(super) async fn emit(
 
 /// Adds the event `kind` about `r` (its view, with `extra`'s fields) to `batch`.
 pub(super) fn push_event(batch: &mut Batch, r: &Reservation, kind: &str, extra: serde_json::Value) {
-    event(r, kind, extra).push(batch);
-}
-
-/// The event `kind` about `r`: its view, with `extra`'s fields.
-pub(super) fn event(r: &Reservation, kind: &str, extra: serde_json::Value) -> events::Outgoing {
     let mut payload = json!({ "reservation": r.view() });
     if let (Some(target), Some(extra)) = (payload.as_object_mut(), extra.as_object()) {
         target.extend(extra.clone());
     }
-    events::Outgoing::new(kind, &r.id, &[&r.tenant_id], &payload, r.updated_at)
+    events::push(batch, kind, &r.id, &[&r.tenant_id], &payload, r.updated_at);
 }

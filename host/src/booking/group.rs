@@ -20,11 +20,6 @@
 //! all, which spares a round trip per member. On SQLite the savepoint is taken in the
 //! member's first batch of statements ([`Member::savepoint_due`]), sparing another.
 //!
-//! The members' events are appended by the commit, just before it: on PostgreSQL an
-//! event's append takes the outbox lock ([`crate::events::emit`]), held until the commit,
-//! so the group takes it last and holds it only while it commits. The next group writes its
-//! members meanwhile, and waits for the lock only to commit in its turn.
-//!
 //! The commit runs in a task of its own: a create whose client goes away while the group
 //! commits cancels nothing. A member that goes away before it is done is rolled back to its
 //! savepoint, and the group goes on (or commits) without it.
@@ -38,8 +33,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::engine::Laying;
 use crate::capacity::{Edit, Since, View};
-use crate::events::Outgoing;
-use crate::store::{Backend, Batch, Store, Tx};
+use crate::store::{Backend, Store, Tx};
 use crate::{Error, Result};
 
 /// The most creates one commit takes, so that the first of a group waits little.
@@ -47,11 +41,6 @@ const MAX_MEMBERS: usize = 16;
 
 /// How long a member waits for a lock before it gives up and is tried again (PostgreSQL).
 const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '200ms'";
-/// The commit waits for the outbox lock however long it takes: whoever holds it is
-/// committing, or took it after every other lock it takes (and, should it wait for a lock
-/// of this group nonetheless, it has waited longer, so PostgreSQL's deadlock check gives
-/// up on it first).
-const COMMIT_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = 0";
 const SAVEPOINT: &str = "SAVEPOINT orl_member";
 const ROLLBACK: &str = "ROLLBACK TO SAVEPOINT orl_member; RELEASE SAVEPOINT orl_member";
 
@@ -71,13 +60,10 @@ type Guard = OwnedMutexGuard<Option<Open>>;
 /// How a group's commit went, for its members; `None` until it is done.
 type Outcome = Option<std::result::Result<(), String>>;
 
-/// A group's transaction, its members' events, and what they lay onto the view once it
-/// commits.
+/// A group's transaction and what its members lay onto the view once it commits.
 struct Open {
     tx: Tx,
-    postgres: bool,
     members: usize,
-    events: Vec<Outgoing>,
     since: Option<Since>,
     edits: Vec<Edit>,
     forget: Vec<String>,
@@ -148,9 +134,7 @@ impl Group {
             }
             **open = Some(Open {
                 tx,
-                postgres: store.backend() == Backend::Postgres,
                 members: 0,
-                events: Vec::new(),
                 since: None,
                 edits: Vec::new(),
                 forget: Vec::new(),
@@ -196,18 +180,12 @@ impl Member {
         (!std::mem::replace(&mut self.started, true)).then_some(SAVEPOINT)
     }
 
-    /// Keeps this member's writes: they commit with the group, `event` is appended just
-    /// before, and `laying` (read in the transaction from `since`) is laid onto the view
-    /// then. Answers once the group has committed.
-    pub(crate) async fn keep(
-        mut self,
-        since: Since,
-        laying: Laying,
-        event: Outgoing,
-    ) -> Result<()> {
+    /// Keeps this member's writes: they commit with the group, and `laying` (read in the
+    /// transaction from `since`) is laid onto the view then. Answers once the group has
+    /// committed.
+    pub(crate) async fn keep(mut self, since: Since, laying: Laying) -> Result<()> {
         let open = self.open();
         open.members += 1;
-        open.events.push(event);
         open.since = Some(open.since.map_or(since, |first| first.through(since)));
         match laying {
             Laying::Edits(edits) => open.edits.extend(edits),
@@ -264,13 +242,9 @@ impl Drop for Member {
 }
 
 impl Open {
-    /// Appends the members' events, commits, and lays every member's changes onto the view
-    /// (before any other write of this replica commits, on SQLite), then tells the members.
-    async fn commit(mut self, view: &View) {
-        let events = std::mem::take(&mut self.events);
-        if let Err(err) = append(&mut self.tx, self.postgres, events).await {
-            return self.fail(&err.to_string()).await;
-        }
+    /// Commits and lays every member's changes onto the view (before any other write of
+    /// this replica commits, on SQLite), then tells the members.
+    async fn commit(self, view: &View) {
         let Open {
             tx,
             since,
@@ -302,23 +276,6 @@ impl Open {
         let _ = self.tx.rollback().await;
         self.done.send_replace(Some(Err(why.to_string())));
     }
-}
-
-/// Appends `events` in the group's transaction (with no limit on the wait for the outbox
-/// lock, on PostgreSQL).
-async fn append(tx: &mut Tx, postgres: bool, events: Vec<Outgoing>) -> Result<()> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    if postgres {
-        execute(tx, COMMIT_LOCK_TIMEOUT).await?;
-    }
-    let mut batch = Batch::on(tx);
-    for event in events {
-        event.push(&mut batch);
-    }
-    batch.execute(tx).await?;
-    Ok(())
 }
 
 /// Runs `sql` (boxed: the future is sent to tasks whatever the connection's lifetime).
