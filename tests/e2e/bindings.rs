@@ -257,6 +257,7 @@ on_both_databases!(
     a_booking_made_in_advance_takes_held_devices_at_its_start,
     a_lost_node_fails_its_reservations_and_its_capacity_is_booked_elsewhere,
     held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports,
+    a_lost_node_recovers_once_when_its_inventory_or_its_agent_reports,
     a_nodes_bindings_page_oldest_request_first,
 );
 
@@ -684,6 +685,38 @@ async fn a_lost_node_fails_its_reservations_and_its_capacity_is_booked_elsewhere
             .iter()
             .any(|e| e["type"] == "inventory.node-lost" && e["objectId"] == lost.as_str())
     );
+}
+
+async fn a_lost_node_recovers_once_when_its_inventory_or_its_agent_reports(db: Db) {
+    let recoveries = |events: &Value, node: &str| {
+        (events["items"].as_array().unwrap().iter())
+            .filter(|e| e["type"] == "inventory.node-recovered" && e["objectId"] == node)
+            .map(|e| e["payload"].clone())
+            .collect::<Vec<_>>()
+    };
+    let mut w = world(db, &["n1", "n2"], json!({})).await;
+    w.start_agent("n1").await;
+    w.start_agent("n2").await;
+    w.live.clear();
+    w.advance(T0 + 5 * MIN + 1000).await;
+    for node in ["n1", "n2"] {
+        assert_eq!(w.node_conditions(node).await, ["NodeLost"]);
+    }
+    // n1 comes back through an unchanged inventory report, n2 through its agent; each
+    // reports twice.
+    for _ in 0..2 {
+        register_node(&w.agent, "acme", "n1", 8).await;
+        w.poll("n2").await;
+    }
+    let (_, events) = w.agent.get("/v1/events?limit=200").await;
+    for node in ["n1", "n2"] {
+        assert!(w.node_conditions(node).await.is_empty());
+        assert_eq!(
+            recoveries(&events, node),
+            [json!({ "nodeId": node, "orgId": "acme" })],
+            "one recovery of {node}: {events}"
+        );
+    }
 }
 
 async fn held_devices_on_a_lost_node_are_freed_and_booked_again_once_it_reports(db: Db) {

@@ -1,11 +1,13 @@
 //! A state-machine property test of the booking engine: random creates (single, gangs and
-//! spot), releases, cancels, extends, spot reclaims and clock steps go to the real server on
-//! a real database, and after each one the database is compared with a small model of
-//! DESIGN's rules: which units are booked and by whom, each tenant's quota in use, each
-//! reservation's state and end, that spot work is the only work ever terminated for
-//! capacity, and that nothing waits that could be placed. Each case runs in a pool,
-//! provider and two tenants of its own on one server; the server's invariants (audit,
-//! events, no double booking) are checked when it stops.
+//! spot), releases, cancels, extends, spot reclaims, node reservations made and ended, node
+//! agents and inventory reports (and the node loss that follows when a watched node falls
+//! silent) and clock steps go to the real server on a real database, and after each one the
+//! database is compared with a small model of DESIGN's rules: which units are booked and by
+//! whom, each tenant's quota in use, each reservation's state and end, that spot work is the
+//! only work ever terminated for capacity, that units a node reservation claims are booked
+//! only by its audience, that what a lost node held fails, and that nothing waits that could
+//! be placed. Each case runs in a pool, provider and two tenants of its own on one server;
+//! the server's invariants (audit, events, no double booking) are checked when it stops.
 //!
 //! The operations come from a seeded generator (`ORL_MODEL_SEED` replays a run,
 //! `ORL_MODEL_CASES` sets how many cases, default 12); a failure names its seed, its case
@@ -26,6 +28,13 @@ const GPUS_PER_NODE: i64 = 4;
 const NODES: usize = 3;
 const TENANTS: usize = 2;
 const QUOTA: i64 = 7;
+/// How long a watched node may stay silent before it is lost (the server's default
+/// `--node-lost-after`).
+const NODE_LOST_AFTER: i64 = 5 * 60_000;
+/// How long a waiting reservation may take to notice capacity that freed without waking
+/// its pool (a node reservation ended or expired, a lost node reporting again): the
+/// reconciler's retry period.
+const RETRY: i64 = 30_000;
 
 /// One step a tenant, the provider or time takes. Indices pick among the case's
 /// reservations (or nodes, for a reclaim).
@@ -45,6 +54,28 @@ enum Op {
     /// The provider reclaims the spot work on a node.
     Reclaim(usize),
     Step(i64),
+    /// A platform admin reserves `count` units of a node, from its unit `first` on
+    /// (wrapping), for one tenant or for nobody but the platform, for `hours` or open-ended.
+    NodeReserve {
+        node: usize,
+        first: usize,
+        count: usize,
+        allowed: Option<usize>,
+        hours: Option<i64>,
+    },
+    /// A platform admin ends a node reservation now.
+    NodeEnd(usize),
+    /// A node's agent polls for its bindings: the node is watched from then on, and lost
+    /// once it stays silent for `NODE_LOST_AFTER`.
+    Poll(usize),
+    /// The provider reports a node's inventory again, unchanged.
+    Report(usize),
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// A small deterministic generator (64-bit LCG), so a seed replays a run.
@@ -60,11 +91,11 @@ impl Lcg {
     }
 
     /// One operation: creates weigh 6 (one in three spot, by the second tenant; one in six
-    /// a gang of two),
-    /// releases and steps 2, cancels, extends and reclaims 1.
+    /// a gang of two), releases and steps 2, cancels, extends, reclaims, node reservations,
+    /// their ends, agent polls and inventory reports 1.
     fn op(&mut self) -> Op {
         let index = self.below(16) as usize;
-        match self.below(13) {
+        match self.below(17) {
             0..=5 => {
                 let kind = self.below(6);
                 Op::Create {
@@ -82,7 +113,17 @@ impl Lcg {
             8 => Op::Cancel(index),
             9 => Op::Extend(index, 1 + self.below(2) as i64),
             10 => Op::Reclaim(index % NODES),
-            _ => Op::Step([10_000, 30_000, HOUR / 2, HOUR][self.below(4) as usize]),
+            11 | 12 => Op::Step([10_000, 30_000, HOUR / 2, HOUR][self.below(4) as usize]),
+            13 => Op::NodeReserve {
+                node: index % NODES,
+                first: self.below(GPUS_PER_NODE as u64) as usize,
+                count: 1 + self.below(GPUS_PER_NODE as u64) as usize,
+                allowed: [None, Some(0), Some(1)][self.below(3) as usize],
+                hours: [None, Some(1), Some(2)][self.below(3) as usize],
+            },
+            14 => Op::NodeEnd(index),
+            15 => Op::Poll(index % NODES),
+            _ => Op::Report(index % NODES),
         }
     }
 }
@@ -111,34 +152,87 @@ impl Modelled {
     }
 }
 
-/// The rules: a request is placed when `members` different nodes each have that many units
-/// no live reservation holds; a non-spot one that fits only with spot work terminated
-/// preempts it (a gang may instead wait); otherwise it waits, holding its quota. Quota is
-/// charged from create to the end, per member. A release ends a live reservation and
-/// cancels a waiting one; cancel withdraws what has not started; extend moves a live
-/// reservation's end; a reclaim ends the node's live spot work; time activates and
-/// expires.
+/// What the model knows of one node reservation: it claims its units from its creation
+/// until it is ended or its term runs out.
+#[derive(Clone, Debug)]
+struct Claim {
+    id: String,
+    node: usize,
+    units: BTreeSet<String>,
+    /// The tenant in its audience; `None`: only the platform.
+    allowed: Option<usize>,
+    end: Option<i64>,
+    ended: bool,
+}
+
+/// What the model knows of one node's reporting.
+#[derive(Clone, Debug, Default)]
+struct Reporting {
+    /// Its agent has spoken, so silence makes it lost.
+    watched: bool,
+    last_seen: i64,
+    lost: bool,
+}
+
+/// The rules: a request is placed when `members` different nodes, none of them lost, each
+/// have that many units that no live reservation holds and that no live node reservation
+/// claims for an audience without the tenant; a non-spot one that fits only with spot work
+/// terminated preempts it (a gang may instead wait); otherwise it waits, holding its quota.
+/// Quota is charged from create to the end, per member. A release ends a live reservation
+/// and cancels a waiting one; cancel withdraws what has not started; extend moves a live
+/// reservation's end, unless a live node reservation whose audience leaves its tenant out
+/// claims one of its units after it (then `availableUntil` is its end); a reclaim ends the
+/// node's live spot work; time activates and expires, and fails what is booked on a watched
+/// node silent for `NODE_LOST_AFTER`. A node reservation is refused (409) when it claims a
+/// unit another live one claims, and leaves the work already booked on its units running.
 struct Model {
     now: i64,
     nodes: Vec<String>,
     reservations: Vec<Modelled>,
+    claims: Vec<Claim>,
+    reporting: Vec<Reporting>,
+    /// Until when a waiting reservation may not yet have seen capacity that freed without
+    /// waking its pool.
+    quiet_until: i64,
 }
 
 impl Model {
-    /// The units of `node` that no live reservation holds, counting spot work's as free
-    /// with `spot_free`.
-    fn free_on(&self, node: &str, spot_free: bool) -> i64 {
-        let held: usize = self
-            .reservations
-            .iter()
-            .filter(|r| r.live() && !(spot_free && r.spot) && r.nodes.contains(node))
-            .map(|r| r.gpus as usize)
-            .sum();
-        GPUS_PER_NODE - held as i64
+    fn units_of(&self, node: usize) -> impl Iterator<Item = String> + '_ {
+        (0..GPUS_PER_NODE).map(move |g| format!("{}-gpu{g}", self.nodes[node]))
     }
-    fn fits(&self, gpus: i64, members: i64, spot_free: bool) -> bool {
-        let nodes = self.nodes.iter();
-        nodes.filter(|n| self.free_on(n, spot_free) >= gpus).count() as i64 >= members
+    fn claiming(&self, c: &Claim) -> bool {
+        !c.ended && c.end.is_none_or(|end| end > self.now)
+    }
+    /// Whether `tenant` may book `unit` now: every live claim on it has it in its audience.
+    fn allowed(&self, tenant: usize, unit: &str) -> bool {
+        self.claims
+            .iter()
+            .filter(|c| self.claiming(c) && c.units.contains(unit))
+            .all(|c| c.allowed == Some(tenant))
+    }
+    /// Whether a live reservation holds `unit`, counting spot work's as free with
+    /// `spot_free`.
+    fn held(&self, unit: &str, spot_free: bool) -> bool {
+        self.reservations
+            .iter()
+            .any(|r| r.live() && !(spot_free && r.spot) && r.units.contains(unit))
+    }
+    /// The units of node `n` that `tenant` could book: none on a lost node; otherwise those
+    /// no live reservation holds (counting spot work's as free with `spot_free`) and no
+    /// live claim keeps from it.
+    fn free_on(&self, n: usize, tenant: usize, spot_free: bool) -> i64 {
+        if self.reporting[n].lost {
+            return 0;
+        }
+        self.units_of(n)
+            .filter(|u| !self.held(u, spot_free) && self.allowed(tenant, u))
+            .count() as i64
+    }
+    fn fits(&self, tenant: usize, gpus: i64, members: i64, spot_free: bool) -> bool {
+        (0..self.nodes.len())
+            .filter(|&n| self.free_on(n, tenant, spot_free) >= gpus)
+            .count() as i64
+            >= members
     }
     fn used(&self, tenant: usize) -> i64 {
         self.reservations
@@ -146,6 +240,14 @@ impl Model {
             .filter(|r| r.charged() && r.tenant == tenant)
             .map(|r| r.gpus * r.members)
             .sum()
+    }
+    /// The node comes back (or stays): it reported now.
+    fn reported(&mut self, n: usize) {
+        let node = &mut self.reporting[n];
+        node.last_seen = self.now;
+        if std::mem::take(&mut node.lost) {
+            self.quiet_until = self.quiet_until.max(self.now + RETRY);
+        }
     }
 }
 
@@ -201,6 +303,9 @@ impl Case<'_> {
                 now,
                 nodes,
                 reservations: Vec::new(),
+                claims: Vec::new(),
+                reporting: vec![Reporting::default(); NODES],
+                quiet_until: now,
             },
             keys: 0,
         }
@@ -254,9 +359,9 @@ impl Case<'_> {
                 assert_eq!(status, StatusCode::OK, "{answer}");
                 let m = &self.model;
                 let state = answer["state"].as_str().unwrap_or_default();
-                if m.fits(gpus, members, false) {
+                if m.fits(tenant, gpus, members, false) {
                     assert_eq!(state, "placed", "{answer}");
-                } else if spot || !m.fits(gpus, members, true) {
+                } else if spot || !m.fits(tenant, gpus, members, true) {
                     assert_eq!(state, "pending", "{answer}");
                 } else if members == 1 {
                     assert_eq!(state, "placed", "spot work gives way: {answer}");
@@ -314,8 +419,17 @@ impl Case<'_> {
                 let body = json!({ "reservationId": r.id, "by": hours * 3600,
                     "idempotencyKey": format!("e{}", self.keys) });
                 let (status, answer) = self.rpc(r.tenant, "extend", body).await;
+                let m = &self.model;
+                let r = &m.reservations[i];
+                let refused = (m.claims.iter())
+                    .filter(|c| m.claiming(c) && c.end.is_none_or(|end| end > r.end))
+                    .any(|c| c.allowed != Some(r.tenant) && !c.units.is_disjoint(&r.units));
                 let r = &mut self.model.reservations[i];
-                if r.live() {
+                if r.live() && refused {
+                    assert_eq!(status, StatusCode::OK, "{answer}");
+                    assert_eq!(answer["extended"], false, "a claim for others: {answer}");
+                    assert_eq!(answer["availableUntil"], r.end, "{answer}");
+                } else if r.live() {
                     assert_eq!(status, StatusCode::OK, "{answer}");
                     assert_eq!(answer["extended"], true, "{answer}");
                     r.end += hours * HOUR;
@@ -351,9 +465,32 @@ impl Case<'_> {
                 assert_eq!(answered, terminated, "{answer}");
             }
             Op::Step(ms) => {
+                let was = self.model.now;
                 self.model.now += ms;
                 self.server.set_clock(self.model.now).await;
                 let now = self.model.now;
+                // A claim that ran out frees its units without waking the pool.
+                let model = &mut self.model;
+                if (model.claims.iter())
+                    .any(|c| !c.ended && c.end.is_some_and(|end| was < end && end <= now))
+                {
+                    model.quiet_until = model.quiet_until.max(now + RETRY);
+                }
+                // Loss comes first: what a lost node holds fails, even if its term ended.
+                let mut lost = BTreeSet::new();
+                for (n, node) in model.reporting.iter_mut().enumerate() {
+                    if node.watched && !node.lost && node.last_seen + NODE_LOST_AFTER <= now {
+                        node.lost = true;
+                    }
+                    if node.lost {
+                        lost.insert(model.nodes[n].clone());
+                    }
+                }
+                for r in &mut model.reservations {
+                    if r.live() && !r.nodes.is_disjoint(&lost) {
+                        r.state = "failed".to_string();
+                    }
+                }
                 for r in &mut self.model.reservations {
                     if r.charged() && r.end <= now {
                         r.state = "expired".to_string();
@@ -361,6 +498,101 @@ impl Case<'_> {
                         r.state = "active".to_string();
                     }
                 }
+            }
+            Op::NodeReserve {
+                node,
+                first,
+                count,
+                allowed,
+                hours,
+            } => {
+                let units: BTreeSet<String> = (first..first + count)
+                    .map(|g| {
+                        format!(
+                            "{}-gpu{}",
+                            self.model.nodes[node],
+                            g % GPUS_PER_NODE as usize
+                        )
+                    })
+                    .collect();
+                let allowed_ids: Vec<&str> = allowed
+                    .iter()
+                    .map(|&t| self.tenants[t].1.as_str())
+                    .collect();
+                let mut body = json!({ "unitIds": units, "allowedOrgIds": allowed_ids });
+                let end = hours.map(|h| self.model.now + h * HOUR);
+                if let Some(end) = end {
+                    body["endsAt"] = json!(rfc3339(end));
+                }
+                let path = format!("/v1/nodes/{}/reservations", self.model.nodes[node]);
+                let (status, answer) = self.server.admin().post(&path, body).await;
+                let m = &self.model;
+                let overlaps =
+                    (m.claims.iter()).any(|c| m.claiming(c) && !c.units.is_disjoint(&units));
+                if overlaps {
+                    assert_eq!(
+                        (status, answer["error"]["code"].as_str()),
+                        (StatusCode::CONFLICT, Some("CONFLICT")),
+                        "a claim on a claimed unit: {answer}"
+                    );
+                } else {
+                    assert_eq!(status, StatusCode::CREATED, "{answer}");
+                    assert_eq!(answer["status"], "active", "{answer}");
+                    self.model.claims.push(Claim {
+                        id: answer["id"].as_str().unwrap().to_string(),
+                        node,
+                        units,
+                        allowed,
+                        end,
+                        ended: false,
+                    });
+                }
+            }
+            Op::NodeEnd(i) => {
+                if self.model.claims.is_empty() {
+                    return;
+                }
+                let i = i % self.model.claims.len();
+                let c = &self.model.claims[i];
+                let path = format!(
+                    "/v1/nodes/{}/reservations/{}/end",
+                    self.model.nodes[c.node], c.id
+                );
+                let (status, answer) = self.server.admin().post(&path, json!({})).await;
+                let expired = !c.ended && !self.model.claiming(c);
+                if expired {
+                    assert_eq!(
+                        (status, answer["error"]["code"].as_str()),
+                        (StatusCode::CONFLICT, Some("INVALID_STATE")),
+                        "end of an expired node reservation: {answer}"
+                    );
+                } else {
+                    assert_eq!(status, StatusCode::OK, "{answer}");
+                    assert_eq!(answer["status"], "cancelled", "{answer}");
+                    let model = &mut self.model;
+                    if !std::mem::replace(&mut model.claims[i].ended, true) {
+                        // Its units return to everyone, without waking the pool.
+                        model.quiet_until = model.quiet_until.max(model.now + RETRY);
+                    }
+                }
+            }
+            Op::Poll(n) => {
+                let path = format!("/v1/nodes/{}/bindings", self.model.nodes[n]);
+                let (status, answer) = self.provider.get(&path).await;
+                assert_eq!(status, StatusCode::OK, "{answer}");
+                self.model.reporting[n].watched = true;
+                self.model.reported(n);
+            }
+            Op::Report(n) => {
+                let node = self.model.nodes[n].clone();
+                register_node(
+                    &self.provider,
+                    &self.provider_id,
+                    &node,
+                    GPUS_PER_NODE as usize,
+                )
+                .await;
+                self.model.reported(n);
             }
         }
         self.check(&before, op, may_preempt).await;
@@ -466,12 +698,24 @@ impl Case<'_> {
                 r.id
             );
             for node in &nodes {
-                let free = self.model.free_on(node, false);
+                let n = self.model.nodes.iter().position(|m| m == node).unwrap();
                 assert!(
-                    free >= r.gpus,
-                    "{} placed on {node} where {free} of {} GPUs were free",
+                    !self.model.reporting[n].lost,
+                    "{} placed on lost {node}",
+                    r.id
+                );
+            }
+            for unit in &units {
+                assert!(
+                    !self.model.held(unit, false),
+                    "{} placed on {unit}, which another holds",
+                    r.id
+                );
+                assert!(
+                    self.model.allowed(r.tenant, unit),
+                    "{} placed on {unit}, which a node reservation claims for others: {:?}",
                     r.id,
-                    r.gpus
+                    self.model.claims
                 );
             }
             placed_non_spot |= !r.spot;
@@ -518,9 +762,6 @@ impl Case<'_> {
             booked.is_empty(),
             "bookings of no live reservation: {booked:?}"
         );
-        for node in &self.model.nodes {
-            assert!(self.model.free_on(node, false) >= 0, "{node} over-booked");
-        }
 
         // Quota: charged from create to the end, once, and refunded to the preempted.
         for (t, tenant_id) in tenants.iter().enumerate() {
@@ -539,11 +780,12 @@ impl Case<'_> {
             );
         }
 
-        // Nothing waits that fits: capacity that frees goes to the waiting at once.
+        // Nothing waits that fits: capacity that frees goes to the waiting at once, or, when
+        // it frees without waking the pool, by the next retry.
         for r in &self.model.reservations {
-            if r.state == "pending" {
+            if r.state == "pending" && self.model.now >= self.model.quiet_until {
                 assert!(
-                    !self.model.fits(r.gpus, r.members, false),
+                    !self.model.fits(r.tenant, r.gpus, r.members, false),
                     "{} waits for {} GPUs on {} nodes while they are free",
                     r.id,
                     r.gpus,

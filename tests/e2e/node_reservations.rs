@@ -55,8 +55,8 @@ impl World {
     }
 
     /// Puts `n1` in a pool offered to `tenant-a` and `stranger`: the catalog shows an org
-    /// the nodes of the pools it may book into.
-    async fn offer_n1(&self) {
+    /// the nodes of the pools it may book into. Answers the pool's id.
+    async fn offer_n1(&self) -> String {
         let admin = self.server.admin();
         let (status, pool) = admin
             .post(
@@ -74,6 +74,7 @@ impl World {
                 .await;
             assert_eq!(status, StatusCode::CREATED, "{offer}");
         }
+        pool["id"].as_str().unwrap().to_string()
     }
 
     async fn catalog_units(&self, api: &Api, org: &str) -> Vec<Value> {
@@ -111,6 +112,7 @@ on_both_databases!(
     topology_change_puts_reservations_in_review_until_reaffirmed,
     reaffirm_is_refused_when_units_are_gone,
     catalog_shows_reserved_units_only_to_their_audience,
+    an_extend_stops_where_a_node_reservation_of_another_audience_begins,
 );
 
 async fn the_seed_example_request_reserves_units_for_an_audience(db: Db) {
@@ -750,6 +752,40 @@ async fn catalog_shows_reserved_units_only_to_their_audience(db: Db) {
 
     let (status, err) = w.stranger.get("/v1/orgs/tenant-a/catalog").await;
     assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+}
+
+/// A booking on units that a node reservation claims from a later start extends up to that
+/// start for a tenant outside its audience (`availableUntil`), and past it for one inside.
+async fn an_extend_stops_where_a_node_reservation_of_another_audience_begins(db: Db) {
+    let w = world(db).await;
+    let pool = w.offer_n1().await;
+    let all: Vec<String> = (0..8).map(|u| format!("n1-gpu{u}")).collect();
+    w.reserve(json!({ "unitIds": all, "allowedOrgIds": ["tenant-a"], "startsAt": at(3) }))
+        .await;
+    let call = |api: &Api, method: &str, body: Value| {
+        let (api, path) = (api.clone(), format!("/api/compute/reservations/{method}"));
+        async move { api.post(&path, body).await }
+    };
+    for (api, tenant) in [(&w.stranger, "stranger"), (&w.tenant, "tenant-a")] {
+        let create = json!({ "tenantId": tenant, "poolId": pool, "devices": [{ "class": "gpu", "count": 4 }], "duration": "2h", "idempotencyKey": format!("c-{tenant}") });
+        let (status, r) = call(api, "create", create).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        assert_eq!(r["state"], "placed", "{r}");
+        let extend = json!({ "tenantId": tenant, "reservationId": r["id"], "by": "2h", "idempotencyKey": format!("e-{tenant}") });
+        let (status, out) = call(api, "extend", extend).await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        if tenant == "stranger" {
+            assert_eq!(out["extended"], false, "{out}");
+            assert_eq!(out["availableUntil"], T0 + 3 * HOUR, "{out}");
+            assert_eq!(out["reservation"]["end"], T0 + 2 * HOUR, "all or nothing");
+            let up_to = json!({ "tenantId": tenant, "reservationId": r["id"], "until": T0 + 3 * HOUR, "idempotencyKey": "e-up-to" });
+            let (_, out) = call(api, "extend", up_to).await;
+            assert_eq!(out["extended"], true, "up to the claim's start: {out}");
+        } else {
+            assert_eq!(out["extended"], true, "the audience books the term: {out}");
+            assert_eq!(out["reservation"]["end"], T0 + 4 * HOUR);
+        }
+    }
 }
 
 async fn the_database_itself_refuses_overlapping_claims(db: Db) {

@@ -418,34 +418,12 @@ async fn node_as_agent(
     let org = org
         .filter(|org| caller.has(Permission::InventoryWrite) && caller.acts_for(org))
         .ok_or_else(|| Error::not_found(format_args!("node {node_id}")))?;
-    let recovered = sqlx::query(
-        "UPDATE nodes SET last_seen_at = $1, agent_seen_at = $1, lost_at = NULL
-         WHERE id = $2 AND lost_at IS NOT NULL",
-    )
-    .bind(now)
-    .bind(node_id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected()
-        == 1;
-    if recovered {
-        let payload = json!({ "nodeId": node_id, "orgId": org });
-        events::emit(
-            conn,
-            "inventory.node-recovered",
-            node_id,
-            &[&org],
-            &payload,
-            now,
-        )
+    sqlx::query("UPDATE nodes SET last_seen_at = $1, agent_seen_at = $1 WHERE id = $2")
+        .bind(now)
+        .bind(node_id)
+        .execute(&mut *conn)
         .await?;
-    } else {
-        sqlx::query("UPDATE nodes SET last_seen_at = $1, agent_seen_at = $1 WHERE id = $2")
-            .bind(now)
-            .bind(node_id)
-            .execute(&mut *conn)
-            .await?;
-    }
+    crate::inventory::nodes::recover(conn, node_id, &org, now).await?;
     Ok(org)
 }
 

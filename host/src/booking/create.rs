@@ -625,8 +625,17 @@ async fn charge_and_place(
         let mut writer = Writer::for_decision(app, &decided).await?;
         let write = write_placement(app, &mut writer, &placing, &terms, &mut r, decided, attempt);
         match write.await {
-            Ok(Written::Keep { since, laying }) => {
+            Ok(Written::Keep {
+                since,
+                laying,
+                preempted,
+            }) => {
                 writer.keep(app, since, laying).await?;
+                if !preempted.is_empty() {
+                    // What the terminated spot work held beyond the placement's need is free
+                    // for the pool's waiting reservations.
+                    crate::reconciler::wake_pool(app, &r.pool_id, &preempted).await?;
+                }
                 return Ok(Some(r));
             }
             Ok(Written::Done(done)) => {
@@ -728,8 +737,13 @@ struct Terms<'a> {
 
 /// What one placement attempt's writes came to.
 enum Written {
-    /// To commit: `r` placed or pending, and what it lays onto the view, read from `since`.
-    Keep { since: Since, laying: Laying },
+    /// To commit: `r` placed or pending, and what it lays onto the view, read from `since`;
+    /// `preempted`: the nodes where spot work was terminated to make room.
+    Keep {
+        since: Since,
+        laying: Laying,
+        preempted: Vec<String>,
+    },
     /// Nothing to keep: the answer of [`charge_and_place`] (the reservation found already
     /// stored; `None` when a concurrent create with the same key stored its draft first).
     Done(Option<Box<Reservation>>),
@@ -885,6 +899,7 @@ async fn write_placement(
     Ok(Written::Keep {
         since: since.until(until),
         laying,
+        preempted,
     })
 }
 

@@ -7,6 +7,7 @@ use sqlx::AnyConnection;
 use super::create::check_budget;
 use super::engine::{EXTEND, attributes, bookable_pool, emit, not_found};
 use super::lifecycle::{audit_method, authorized, changed_concurrently};
+use super::placement::Snapshot;
 use super::store::{self, ComputeReservation, Reservation};
 use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
@@ -131,7 +132,7 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
         )));
     }
     let outcome = match decided {
-        Ok(()) => book_until(&mut tx, &current, new_end).await?,
+        Ok(()) => book_until(app, &mut tx, &current, new_end).await?,
         Err(err) => Err(err),
     };
     let at = app.now_ms();
@@ -183,15 +184,21 @@ async fn hold_claimed_extend() {
 }
 
 /// Moves the end of `r`'s bookings to `new_end`, unless a later booking of any of its units
-/// (on any gang member) starts before it: then nothing moves and the answer is when that
-/// booking starts, the latest end the bookings can reach. Runs in the write transaction, and
+/// (on any gang member) starts before it, or a node reservation whose audience the tenant
+/// is not in claims one of them: then nothing moves and the answer is when that booking or
+/// claim starts, the latest end the bookings can reach. Runs in the write transaction, and
 /// the database's overlap constraint refuses a booking that a concurrent create made.
 async fn book_until(
+    app: &App,
     conn: &mut AnyConnection,
     r: &Reservation,
     new_end: i64,
 ) -> Result<Result<Option<i64>>> {
-    if let Some(at) = next_booking(conn, r, new_end).await? {
+    let blocked = [
+        next_booking(conn, r, new_end).await?,
+        refused_from(app, conn, r, new_end).await?,
+    ];
+    if let Some(at) = blocked.into_iter().flatten().min() {
         return Ok(Ok(Some(at)));
     }
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
@@ -231,6 +238,26 @@ async fn next_booking(
         }
     }
     Ok(blocked)
+}
+
+/// When the node reservations on `r`'s nodes first refuse it the time from its end to
+/// `until` ([`Snapshot::rights_refuse_from`]).
+async fn refused_from(
+    app: &App,
+    conn: &mut AnyConnection,
+    r: &Reservation,
+    until: i64,
+) -> Result<Option<i64>> {
+    let mut added = r.clone();
+    (added.start_ms, added.end_ms) = (r.end_ms, until);
+    let (lock, now) = (app.store.for_share(), app.now_ms());
+    let mut refused: Option<i64> = None;
+    for m in r.members.iter().filter(|m| !m.unit_ids.is_empty()) {
+        let from =
+            Snapshot::rights_refuse_from(conn, lock, &added, &m.node_id, &m.unit_ids, now).await?;
+        refused = refused.into_iter().chain(from).min();
+    }
+    Ok(refused)
 }
 
 /// The IAM decision (with the new total duration) and the spend-guard on the longer window.

@@ -412,17 +412,16 @@ pub(super) async fn book(
             let allowed = match node_check(app, conn, r, &member.node_id, now).await? {
                 NodeCheck::NoRoom => false,
                 NodeCheck::Room { claimed: false } => true,
-                NodeCheck::Room { claimed: true } => {
-                    Snapshot::rights_still_allow(
-                        conn,
-                        app.store.for_share(),
-                        r,
-                        &member.node_id,
-                        &member.unit_ids,
-                        now,
-                    )
-                    .await?
-                }
+                NodeCheck::Room { claimed: true } => Snapshot::rights_refuse_from(
+                    conn,
+                    app.store.for_share(),
+                    r,
+                    &member.node_id,
+                    &member.unit_ids,
+                    now,
+                )
+                .await?
+                .is_none(),
             };
             if !allowed {
                 return Ok(Attempt::Lost(nodes(&members)));

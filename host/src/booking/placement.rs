@@ -404,35 +404,35 @@ impl Snapshot {
         }
     }
 
-    /// Whether the node reservations on `node_id` still let `r` book `units` over its
-    /// window, read again at write time with `lock` (the store's `FOR SHARE`): a reclaim
-    /// or a new reservation that committed after the snapshot was read wins, and a reclaim
-    /// that starts after this read waits for the booking and then sees it.
-    pub async fn rights_still_allow(
+    /// When the node reservations on `node_id` first refuse `r` any of `units` over its
+    /// window (the later of the window's start and the refusing claim's), or `None` when
+    /// they allow it all; read again at write time with `lock` (the store's `FOR SHARE`): a
+    /// reclaim or a new reservation that committed after the snapshot was read wins, and a
+    /// reclaim that starts after this read waits for the booking and then sees it.
+    pub async fn rights_refuse_from(
         conn: &mut AnyConnection,
         lock: &str,
         r: &Reservation,
         node_id: &str,
         units: &[String],
         now: i64,
-    ) -> Result<bool> {
+    ) -> Result<Option<i64>> {
         let window = crate::node_reservations::Term {
             starts_at: r.start_ms.max(now),
             ends_at: Some(r.end_ms),
         };
-        let claims: Vec<_> = load(conn, Filter::Node(node_id), lock)
-            .await?
-            .into_iter()
-            .filter(|record| record.term.overlaps(&window))
-            .collect();
-        Ok(units.iter().all(|unit| {
-            let on_unit: Vec<_> = claims
-                .iter()
-                .filter(|c| c.unit_ids.contains(unit))
-                .map(|c| c.rights(now))
-                .collect();
-            may_place(&r.tenant_id, unit, &on_unit, r.spot)
-        }))
+        let claims = load(conn, Filter::Node(node_id), lock).await?;
+        let refusing = (claims.iter())
+            .filter(|claim| claim.term.overlaps(&window))
+            .filter(|claim| {
+                let rights = [claim.rights(now)];
+                (units.iter())
+                    .filter(|unit| claim.unit_ids.contains(unit))
+                    .any(|unit| !may_place(&r.tenant_id, unit, &rights, r.spot))
+            });
+        Ok(refusing
+            .map(|claim| claim.term.starts_at.max(window.starts_at))
+            .min())
     }
 
     /// The nodes where spot work holds units over the window (what preemption could free).

@@ -158,7 +158,7 @@ async fn try_register(
                 && node.host == inv.host
                 && node.units == inv.units =>
         {
-            sqlx::query("UPDATE nodes SET last_seen_at = $1, lost_at = NULL WHERE id = $2")
+            sqlx::query("UPDATE nodes SET last_seen_at = $1 WHERE id = $2")
                 .bind(now)
                 .bind(node_id)
                 .execute(&mut **tx)
@@ -169,7 +169,7 @@ async fn try_register(
             let bumped = topology_changed(&node.units, &inv.units);
             let updated = sqlx::query(
                 "UPDATE nodes SET region = $1, host_vcpu = $2, host_memory_gib = $3, host_hugepages_1gi = $4,
-                                  topology_gen = $5, updated_at = $6, last_seen_at = $6, lost_at = NULL,
+                                  topology_gen = $5, updated_at = $6, last_seen_at = $6,
                                   labels = $9
                  WHERE id = $7 AND topology_gen = $8",
             )
@@ -197,6 +197,7 @@ async fn try_register(
             }
         }
     };
+    let recovered = existing.is_some() && recover(&mut tx, node_id, org_id, now).await?;
     let node = find(&mut tx, node_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("node {node_id} vanished inside its own transaction"))?;
@@ -221,13 +222,42 @@ async fn try_register(
         )
         .await?;
     }
-    let was_lost = existing.as_ref().is_some_and(Node::is_lost);
     tx.commit().await?;
-    if change != Change::Unchanged || was_lost {
+    if change != Change::Unchanged || recovered {
         // This replica's next read sees the change without waiting for its announcement.
         app.capacity.forget(std::slice::from_ref(&node.id)).await;
     }
     Ok((node, change))
+}
+
+/// Clears the lost mark of a node that reported: the one update that finds it set emits
+/// `inventory.node-recovered`. Answers whether the node was lost.
+pub async fn recover(
+    conn: &mut AnyConnection,
+    node_id: &str,
+    org_id: &str,
+    now: i64,
+) -> Result<bool> {
+    let recovered =
+        sqlx::query("UPDATE nodes SET lost_at = NULL WHERE id = $1 AND lost_at IS NOT NULL")
+            .bind(node_id)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()
+            == 1;
+    if recovered {
+        let payload = json!({ "nodeId": node_id, "orgId": org_id });
+        events::emit(
+            conn,
+            "inventory.node-recovered",
+            node_id,
+            &[org_id],
+            &payload,
+            now,
+        )
+        .await?;
+    }
+    Ok(recovered)
 }
 
 async fn record_change(
