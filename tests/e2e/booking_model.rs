@@ -1,16 +1,17 @@
 //! A state-machine property test of the booking engine: random creates (single, gangs and
-//! spot), releases, cancels, extends, spot reclaims, node reservations made and ended, node
-//! agents and inventory reports (and the node loss that follows when a watched node falls
-//! silent) and clock steps go to the real server on a real database, and after each one the
-//! database is compared with a small model of DESIGN's rules: which units are booked and by
-//! whom, each tenant's quota in use, each reservation's state and end, that spot work is the
-//! only work ever terminated for capacity, that units a node reservation claims are booked
-//! only by its audience, that what a lost node held fails, and that nothing waits that could
-//! be placed. Each case runs in a pool, provider and two tenants of its own on one server;
+//! spot), releases, cancels, extends, spot reclaims, node reservations made and ended and
+//! their units released to spot and reclaimed, node agents and inventory reports (and the
+//! node loss that follows when a watched node falls silent) and clock steps go to the real
+//! server on a real database, and after each one the database is compared with a small model
+//! of DESIGN's rules: which units are booked and by whom, each tenant's quota in use, each
+//! reservation's state and end, that spot work is the only work ever terminated for
+//! capacity, that units a node reservation claims are booked (or extended into) only by its
+//! audience, or by spot work once released, that what a lost node held fails, and that
+//! nothing waits that could be placed. Each case runs in a pool, provider and two tenants of its own on one server;
 //! the server's invariants (audit, events, no double booking) are checked when it stops.
 //!
 //! The operations come from a seeded generator (`ORL_MODEL_SEED` replays a run,
-//! `ORL_MODEL_CASES` sets how many cases, default 12); a failure names its seed, its case
+//! `ORL_MODEL_CASES` sets how many cases, default 24); a failure names its seed, its case
 //! and the operations up to the failing one.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -65,6 +66,19 @@ enum Op {
     },
     /// A platform admin ends a node reservation now.
     NodeEnd(usize),
+    /// A platform admin puts `count` of a node reservation's units, from its unit `first`
+    /// on (wrapping), on the spot market.
+    NodeRelease {
+        claim: usize,
+        first: usize,
+        count: usize,
+    },
+    /// A platform admin takes released units back, terminating the spot work on them.
+    NodeReclaim {
+        claim: usize,
+        first: usize,
+        count: usize,
+    },
     /// A node's agent polls for its bindings: the node is watched from then on, and lost
     /// once it stays silent for `NODE_LOST_AFTER`.
     Poll(usize),
@@ -92,10 +106,10 @@ impl Lcg {
 
     /// One operation: creates weigh 6 (one in three spot, by the second tenant; one in six
     /// a gang of two), releases and steps 2, cancels, extends, reclaims, node reservations,
-    /// their ends, agent polls and inventory reports 1.
+    /// their ends, releases and reclaims of their units, agent polls and inventory reports 1.
     fn op(&mut self) -> Op {
         let index = self.below(16) as usize;
-        match self.below(17) {
+        match self.below(19) {
             0..=5 => {
                 let kind = self.below(6);
                 Op::Create {
@@ -123,7 +137,23 @@ impl Lcg {
             },
             14 => Op::NodeEnd(index),
             15 => Op::Poll(index % NODES),
-            _ => Op::Report(index % NODES),
+            16 => Op::Report(index % NODES),
+            kind => {
+                let (claim, first) = (index, self.below(GPUS_PER_NODE as u64) as usize);
+                let count = 1 + self.below(GPUS_PER_NODE as u64) as usize;
+                match kind {
+                    17 => Op::NodeRelease {
+                        claim,
+                        first,
+                        count,
+                    },
+                    _ => Op::NodeReclaim {
+                        claim,
+                        first,
+                        count,
+                    },
+                }
+            }
         }
     }
 }
@@ -161,6 +191,8 @@ struct Claim {
     units: BTreeSet<String>,
     /// The tenant in its audience; `None`: only the platform.
     allowed: Option<usize>,
+    /// Units put on the spot market: anyone's spot work may book them.
+    released: BTreeSet<String>,
     end: Option<i64>,
     ended: bool,
 }
@@ -203,12 +235,13 @@ impl Model {
     fn claiming(&self, c: &Claim) -> bool {
         !c.ended && c.end.is_none_or(|end| end > self.now)
     }
-    /// Whether `tenant` may book `unit` now: every live claim on it has it in its audience.
-    fn allowed(&self, tenant: usize, unit: &str) -> bool {
+    /// Whether `tenant` may book `unit` now (with spot work when `spot`): every live claim on
+    /// it has the tenant in its audience, or released the unit and the work is spot.
+    fn allowed(&self, tenant: usize, spot: bool, unit: &str) -> bool {
         self.claims
             .iter()
             .filter(|c| self.claiming(c) && c.units.contains(unit))
-            .all(|c| c.allowed == Some(tenant))
+            .all(|c| c.allowed == Some(tenant) || (spot && c.released.contains(unit)))
     }
     /// Whether a live reservation holds `unit`, counting spot work's as free with
     /// `spot_free`.
@@ -220,17 +253,17 @@ impl Model {
     /// The units of node `n` that `tenant` could book: none on a lost node; otherwise those
     /// no live reservation holds (counting spot work's as free with `spot_free`) and no
     /// live claim keeps from it.
-    fn free_on(&self, n: usize, tenant: usize, spot_free: bool) -> i64 {
+    fn free_on(&self, n: usize, (tenant, spot): (usize, bool), spot_free: bool) -> i64 {
         if self.reporting[n].lost {
             return 0;
         }
         self.units_of(n)
-            .filter(|u| !self.held(u, spot_free) && self.allowed(tenant, u))
+            .filter(|u| !self.held(u, spot_free) && self.allowed(tenant, spot, u))
             .count() as i64
     }
-    fn fits(&self, tenant: usize, gpus: i64, members: i64, spot_free: bool) -> bool {
+    fn fits(&self, who: (usize, bool), gpus: i64, members: i64, spot_free: bool) -> bool {
         (0..self.nodes.len())
-            .filter(|&n| self.free_on(n, tenant, spot_free) >= gpus)
+            .filter(|&n| self.free_on(n, who, spot_free) >= gpus)
             .count() as i64
             >= members
     }
@@ -330,8 +363,12 @@ impl Case<'_> {
             .iter()
             .map(|r| r.state.clone())
             .collect();
-        // Spot work the server may terminate for a placement during this step.
-        let mut may_preempt = matches!(op, Op::Step(_));
+        // Spot work the server may terminate for a placement during this step: the clock's
+        // retries, and the ones that freed capacity wakes.
+        let mut may_preempt = matches!(
+            op,
+            Op::Step(_) | Op::Release(_) | Op::Cancel(_) | Op::Reclaim(_)
+        );
         match *op {
             Op::Create {
                 tenant,
@@ -359,9 +396,9 @@ impl Case<'_> {
                 assert_eq!(status, StatusCode::OK, "{answer}");
                 let m = &self.model;
                 let state = answer["state"].as_str().unwrap_or_default();
-                if m.fits(tenant, gpus, members, false) {
+                if m.fits((tenant, spot), gpus, members, false) {
                     assert_eq!(state, "placed", "{answer}");
-                } else if spot || !m.fits(tenant, gpus, members, true) {
+                } else if spot || !m.fits((tenant, spot), gpus, members, true) {
                     assert_eq!(state, "pending", "{answer}");
                 } else if members == 1 {
                     assert_eq!(state, "placed", "spot work gives way: {answer}");
@@ -423,7 +460,11 @@ impl Case<'_> {
                 let r = &m.reservations[i];
                 let refused = (m.claims.iter())
                     .filter(|c| m.claiming(c) && c.end.is_none_or(|end| end > r.end))
-                    .any(|c| c.allowed != Some(r.tenant) && !c.units.is_disjoint(&r.units));
+                    .any(|c| {
+                        (c.units.intersection(&r.units)).any(|u| {
+                            c.allowed != Some(r.tenant) && !(r.spot && c.released.contains(u))
+                        })
+                    });
                 let r = &mut self.model.reservations[i];
                 if r.live() && refused {
                     assert_eq!(status, StatusCode::OK, "{answer}");
@@ -543,6 +584,7 @@ impl Case<'_> {
                         node,
                         units,
                         allowed,
+                        released: BTreeSet::new(),
                         end,
                         ended: false,
                     });
@@ -574,6 +616,71 @@ impl Case<'_> {
                         // Its units return to everyone, without waking the pool.
                         model.quiet_until = model.quiet_until.max(model.now + RETRY);
                     }
+                }
+            }
+            Op::NodeRelease {
+                claim,
+                first,
+                count,
+            }
+            | Op::NodeReclaim {
+                claim,
+                first,
+                count,
+            } => {
+                if self.model.claims.is_empty() {
+                    return;
+                }
+                let i = claim % self.model.claims.len();
+                let c = &self.model.claims[i];
+                let units: Vec<&String> = c.units.iter().collect();
+                let picked: BTreeSet<String> = (first..first + count.min(units.len()))
+                    .map(|u| units[u % units.len()].clone())
+                    .collect();
+                let release = matches!(op, Op::NodeRelease { .. });
+                let path = format!(
+                    "/v1/nodes/{}/reservations/{}/{}",
+                    self.model.nodes[c.node],
+                    c.id,
+                    if release { "release" } else { "reclaim" }
+                );
+                let (status, answer) = (self.server.admin())
+                    .post(&path, json!({ "unitIds": picked }))
+                    .await;
+                if !self.model.claiming(c) {
+                    assert_eq!(
+                        (status, answer["error"]["code"].as_str()),
+                        (StatusCode::CONFLICT, Some("INVALID_STATE")),
+                        "units of an ended node reservation: {answer}"
+                    );
+                    return self.check(&before, op, may_preempt).await;
+                }
+                assert_eq!(status, StatusCode::OK, "{answer}");
+                let model = &mut self.model;
+                let c = &mut model.claims[i];
+                if release {
+                    if !picked.is_subset(&c.released) {
+                        // Spot work waiting for these units sees them by the next retry.
+                        model.quiet_until = model.quiet_until.max(model.now + RETRY);
+                    }
+                    c.released.extend(picked);
+                } else {
+                    c.released.retain(|u| !picked.contains(u));
+                    let mut terminated = BTreeSet::new();
+                    for r in &mut model.reservations {
+                        if r.spot && r.live() && !r.units.is_disjoint(&picked) {
+                            r.state = "released".to_string();
+                            terminated.insert(r.id.clone());
+                        }
+                    }
+                    let answered: BTreeSet<String> = (answer["terminated"].as_array())
+                        .map(|ids| ids.iter().filter_map(|id| id.as_str().map(str::to_string)))
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                    assert_eq!(answered, terminated, "{answer}");
+                    // What it terminated wakes the pool, whose placements may preempt.
+                    may_preempt = true;
                 }
             }
             Op::Poll(n) => {
@@ -652,8 +759,8 @@ impl Case<'_> {
         );
 
         // States: what the model decided; or a waiting reservation placed by the server,
-        // which must have fit in what the others left; or spot work preempted for a
-        // placement.
+        // which must have fit in what the others left; or spot work (even work the server
+        // placed from waiting in this very step) preempted for a placement.
         let mut placed_now = Vec::new();
         let mut preempted = Vec::new();
         for (i, r) in self.model.reservations.iter_mut().enumerate() {
@@ -662,7 +769,7 @@ impl Case<'_> {
             if r.state == "pending" && state == "placed" {
                 placed_now.push(i);
             } else if r.spot
-                && r.live()
+                && (r.live() || r.state == "pending")
                 && state == "released"
                 && reason.as_deref() == Some("preempted")
             {
@@ -712,7 +819,7 @@ impl Case<'_> {
                     r.id
                 );
                 assert!(
-                    self.model.allowed(r.tenant, unit),
+                    self.model.allowed(r.tenant, r.spot, unit),
                     "{} placed on {unit}, which a node reservation claims for others: {:?}",
                     r.id,
                     self.model.claims
@@ -785,7 +892,9 @@ impl Case<'_> {
         for r in &self.model.reservations {
             if r.state == "pending" && self.model.now >= self.model.quiet_until {
                 assert!(
-                    !self.model.fits(r.tenant, r.gpus, r.members, false),
+                    !self
+                        .model
+                        .fits((r.tenant, r.spot), r.gpus, r.members, false),
                     "{} waits for {} GPUs on {} nodes while they are free",
                     r.id,
                     r.gpus,
@@ -805,7 +914,7 @@ async fn the_booking_engine_follows_its_model_over_random_operations(db: Db) {
     let cases: usize = std::env::var("ORL_MODEL_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
-        .unwrap_or(12);
+        .unwrap_or(24);
     let mut rng = Lcg(seed);
     let mut start = T0;
     for n in 1..=cases {
