@@ -22,10 +22,11 @@
 //! - **A booking never starts before the moment it is written** ([`store::insert_bookings`]),
 //!   so a reservation placed late never overlaps, nor is billed alongside, the holder that
 //!   just left.
-//! - **Rights are read again where they are used**: a placement, and an extend over the
-//!   time it adds, re-read the node reservations of the nodes they book under a share lock
-//!   before they write ([`placement::Snapshot::rights_refuse_from`]); a reclaim locks them
-//!   for update, so one of the two waits for the other and sees its result.
+//! - **Rights are read again where they are used**: a placement re-reads the node
+//!   reservations of the nodes it books under a share lock before it writes
+//!   ([`placement::Snapshot::rights_refuse_from`]); a reclaim locks them for update, so one
+//!   of the two waits for the other and sees its result. An extend re-reads them for the
+//!   time it adds, under its reservation's lock.
 //! - **Decisions are made outside the write**: a placement decides on the capacity view
 //!   with nothing locked, then books in a short transaction that checks again what the
 //!   view may not have seen ([`place`]).

@@ -165,6 +165,7 @@ on_both_databases!(
     a_custom_preemptor_plugin_chooses_the_victims,
     spot_requests_never_preempt_and_non_spot_work_is_never_preempted,
     sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once,
+    what_a_preemption_frees_beyond_its_need_goes_to_waiting_reservations_at_once,
     a_reclaim_hands_the_units_it_frees_to_waiting_reservations_at_once,
 );
 
@@ -653,6 +654,24 @@ async fn a_reclaim_hands_the_units_it_frees_to_waiting_reservations_at_once(db: 
         "placed",
         "the waiting reservation is placed as the reclaim commits"
     );
+}
+
+async fn what_a_preemption_frees_beyond_its_need_goes_to_waiting_reservations_at_once(db: Db) {
+    let c = contest(db, 1).await;
+    let six = c.create("spotter", "six", 6, true).await;
+    assert_eq!(six["state"], "placed", "{six}");
+    let waiting = c.create("spotter", "waiting", 4, true).await;
+    assert_eq!(waiting["state"], "pending", "two GPUs are left: {waiting}");
+    let buyer = c.create("buyer", "buyer", 4, false).await;
+    assert_eq!(buyer["state"], "placed", "{buyer}");
+    assert_eq!(c.get("spotter", &six).await["reason"], "preempted");
+    // No clock step: the reconciler's 30-second retry has not come.
+    let waiting = c.get("spotter", &waiting).await;
+    assert_eq!(
+        waiting["state"], "placed",
+        "the NVLink domain the buyer left goes to the waiting reservation: {waiting}"
+    );
+    assert_eq!(c.used("spotter").await, 4);
 }
 
 async fn sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once(db: Db) {

@@ -241,7 +241,9 @@ async fn next_booking(
 }
 
 /// When the node reservations on `r`'s nodes first refuse it the time from its end to
-/// `until` ([`Snapshot::rights_refuse_from`]).
+/// `until` ([`Snapshot::rights_refuse_from`]). Read without a lock: a reclaim that takes
+/// released units back terminates `r` itself, so it waits for the reservation's lock, which
+/// the caller holds; the other changes of a node reservation never read bookings.
 async fn refused_from(
     app: &App,
     conn: &mut AnyConnection,
@@ -250,11 +252,11 @@ async fn refused_from(
 ) -> Result<Option<i64>> {
     let mut added = r.clone();
     (added.start_ms, added.end_ms) = (r.end_ms, until);
-    let (lock, now) = (app.store.for_share(), app.now_ms());
+    let now = app.now_ms();
     let mut refused: Option<i64> = None;
     for m in r.members.iter().filter(|m| !m.unit_ids.is_empty()) {
         let from =
-            Snapshot::rights_refuse_from(conn, lock, &added, &m.node_id, &m.unit_ids, now).await?;
+            Snapshot::rights_refuse_from(conn, "", &added, &m.node_id, &m.unit_ids, now).await?;
         refused = refused.into_iter().chain(from).min();
     }
     Ok(refused)
