@@ -69,11 +69,6 @@ impl Status {
             .into_iter()
             .find(|st| st.as_str() == s)
     }
-
-    /// Terminal states claim nothing.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Status::Expired | Status::Cancelled)
-    }
 }
 
 /// The term `[starts_at, ends_at)` in epoch milliseconds; `None` = open-ended.
@@ -384,6 +379,18 @@ mod tests {
         assert_eq!(access("tenant-a", "g0", &[&r], H), None);
         assert_eq!(access(OPS_ORG, "g0", &[&r], H), None);
         assert_eq!(access("stranger", "g0", &[&r], H), None);
+    }
+
+    #[test]
+    fn needs_review_withholds_units_only_inside_its_term() {
+        let mut r = rights(Status::NeedsReview, &[]);
+        r.term = term(5 * H, Some(10 * H));
+        assert_eq!(access("stranger", "g0", &[&r], H), Some((Tier::Open, None)));
+        assert_eq!(access("stranger", "g0", &[&r], 6 * H), None);
+        assert_eq!(
+            access("stranger", "g0", &[&r], 10 * H),
+            Some((Tier::Open, None))
+        );
     }
 
     #[test]
