@@ -274,6 +274,18 @@ impl Model {
             .map(|r| r.gpus * r.members)
             .sum()
     }
+    /// Ends the live spot work that `on` picks (a reclaim); answers its ids.
+    fn terminate_spot(&mut self, on: impl Fn(&Modelled) -> bool) -> BTreeSet<String> {
+        let mut terminated = BTreeSet::new();
+        for r in &mut self.reservations {
+            if r.spot && r.live() && on(r) {
+                r.state = "released".to_string();
+                terminated.insert(r.id.clone());
+            }
+        }
+        terminated
+    }
+
     /// The node comes back (or stays): it reported now.
     fn reported(&mut self, n: usize) {
         let node = &mut self.reporting[n];
@@ -282,6 +294,13 @@ impl Model {
             self.quiet_until = self.quiet_until.max(self.now + RETRY);
         }
     }
+}
+
+/// The ids a reclaim's answer says it terminated.
+fn answered_terminated(answer: &Value) -> BTreeSet<String> {
+    (answer["terminated"].as_array().into_iter().flatten())
+        .filter_map(|id| id.as_str().map(str::to_string))
+        .collect()
 }
 
 /// One case's world on the shared server.
@@ -491,19 +510,8 @@ impl Case<'_> {
                 );
                 let (status, answer) = self.provider.post(&path, json!({})).await;
                 assert_eq!(status, StatusCode::OK, "{answer}");
-                let mut terminated = BTreeSet::new();
-                for r in &mut self.model.reservations {
-                    if r.spot && r.live() && r.nodes.contains(&node) {
-                        r.state = "released".to_string();
-                        terminated.insert(r.id.clone());
-                    }
-                }
-                let answered: BTreeSet<String> = (answer["terminated"].as_array())
-                    .map(|ids| ids.iter().filter_map(|id| id.as_str().map(str::to_string)))
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                assert_eq!(answered, terminated, "{answer}");
+                let terminated = self.model.terminate_spot(|r| r.nodes.contains(&node));
+                assert_eq!(answered_terminated(&answer), terminated, "{answer}");
             }
             Op::Step(ms) => {
                 let was = self.model.now;
@@ -666,19 +674,8 @@ impl Case<'_> {
                     c.released.extend(picked);
                 } else {
                     c.released.retain(|u| !picked.contains(u));
-                    let mut terminated = BTreeSet::new();
-                    for r in &mut model.reservations {
-                        if r.spot && r.live() && !r.units.is_disjoint(&picked) {
-                            r.state = "released".to_string();
-                            terminated.insert(r.id.clone());
-                        }
-                    }
-                    let answered: BTreeSet<String> = (answer["terminated"].as_array())
-                        .map(|ids| ids.iter().filter_map(|id| id.as_str().map(str::to_string)))
-                        .into_iter()
-                        .flatten()
-                        .collect();
-                    assert_eq!(answered, terminated, "{answer}");
+                    let terminated = model.terminate_spot(|r| !r.units.is_disjoint(&picked));
+                    assert_eq!(answered_terminated(&answer), terminated, "{answer}");
                     // What it terminated wakes the pool, whose placements may preempt.
                     may_preempt = true;
                 }
