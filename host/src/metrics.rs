@@ -303,6 +303,8 @@ pub struct Metrics {
     reconciler_lag: Seconds,
     /// When the last reconciler pass ended, wall-clock epoch milliseconds (0: none yet).
     reconciler_last_pass_ms: std::sync::atomic::AtomicI64,
+    pending_retries: Counter,
+    pending_retry_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     units: Family<UnitLabels, Gauge>,
     reservations: Family<ReservationLabels, Gauge>,
     oldest_pending: Family<PoolLabels, Seconds>,
@@ -375,6 +377,18 @@ impl Metrics {
             "How long the oldest due move of the last reconciler pass had been due when the pass read it (0 when none was due)",
             reconciler_lag.clone(),
         );
+        let pending_retries = Counter::default();
+        registry.register(
+            "pending_retries",
+            "Pending compute reservations tried again (every 30 s, and as capacity frees), placed or not",
+            pending_retries.clone(),
+        );
+        let pending_retry_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "pending_retry_seconds",
+            "Time spent trying pending compute reservations again, their decisions and writes included (divided by orl_pending_retries_total: the time one retry takes)",
+            pending_retry_seconds.clone(),
+        );
         let units = Family::<UnitLabels, Gauge>::default();
         registry.register(
             "units",
@@ -438,6 +452,8 @@ impl Metrics {
             reconciler_due,
             reconciler_lag,
             reconciler_last_pass_ms: Default::default(),
+            pending_retries,
+            pending_retry_seconds,
             units,
             reservations,
             oldest_pending,
@@ -493,6 +509,12 @@ impl Metrics {
         (self.policy.read(Some(id)).into_iter())
             .map(|(_, world, figures)| (world, figures))
             .collect()
+    }
+
+    /// Counts `retries` pending reservations tried again, in `seconds` in all.
+    pub fn observe_pending_retries(&self, retries: usize, seconds: f64) {
+        self.pending_retries.inc_by(retries as u64);
+        self.pending_retry_seconds.inc_by(seconds);
     }
 
     /// Records one reconciler pass: how long it took, how many reservations were due, and

@@ -2,14 +2,15 @@
 //! start (`placed → binding` for `node` and `kubernetes` bindings, which a node agent then
 //! reports bound), marks silent nodes lost and carries devices a node still holds (see
 //! [`crate::booking::binding`]), `expired` at its end, `released` (`lease-lapsed`) when a lease is not renewed,
-//! retries `pending` every 30 s (queued ones as capacity frees), and times out
+//! retries `pending` every 30 s (queued ones as capacity frees; a pool's due ones
+//! together, after the pass's other moves, see [`place::retry_pool`]), and times out
 //! `awaiting-confirmation` after 30 minutes, and deletes the drafts that creates which did
 //! not go through (quota, spend limit, a failed policy decision) left behind, once
 //! [`DRAFT_RETENTION_MS`] has passed: a retry with the same idempotency key finds its
 //! draft until then. Every move is a conditional update on the reservation's current
 //! state, so several replicas may run it at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,18 +53,27 @@ pub async fn run_once(app: &App) -> Result<()> {
     };
     let due = work.len();
     let lag = work.iter().map(|r| now - due_since(r)).max().unwrap_or(0);
+    // Pending reservations due for another attempt, by pool: tried after every other move,
+    // with what those freed, a pool's together.
+    let mut retries: BTreeMap<String, Vec<Reservation>> = BTreeMap::new();
     for r in work {
         let id = r.id.clone();
         match advance(app, r, now).await {
-            Ok(Some((pool, nodes))) => freed.entry(pool).or_default().extend(nodes),
-            Ok(None) => {}
+            Ok(Next::Freed(pool, nodes)) => freed.entry(pool).or_default().extend(nodes),
+            Ok(Next::Retry(r)) => retries.entry(r.pool_id.clone()).or_default().push(*r),
+            Ok(Next::Nothing) => {}
             Err(err) => {
                 tracing::warn!(reservation = %id, error = %format_args!("{err:#}"), "reconciler move failed")
             }
         }
     }
-    for (pool, nodes) in freed {
-        wake_pool(app, &pool, &nodes).await?;
+    let pools: BTreeSet<String> = freed.keys().chain(retries.keys()).cloned().collect();
+    for pool in pools {
+        let due = retries.remove(&pool).unwrap_or_default();
+        match freed.get(&pool) {
+            Some(nodes) => wake(app, &pool, nodes, due).await?,
+            None => place::retry_pool(app, &pool, due).await?,
+        }
     }
     sweep_drafts(app, now).await?;
     app.metrics
@@ -133,9 +143,17 @@ fn due_since(r: &Reservation) -> i64 {
     .unwrap_or(i64::MAX)
 }
 
-/// The move time makes on `r` at `now`, if any; answers the pool it freed capacity in and
-/// the nodes it freed.
-async fn advance(app: &App, r: Reservation, now: i64) -> Result<Option<(String, Vec<String>)>> {
+/// What a pass does next for a reservation it moved, or did not.
+enum Next {
+    Nothing,
+    /// It freed capacity in the pool, on the nodes.
+    Freed(String, Vec<String>),
+    /// It is pending and due for another attempt.
+    Retry(Box<Reservation>),
+}
+
+/// The move time makes on `r` at `now`, if any.
+async fn advance(app: &App, r: Reservation, now: i64) -> Result<Next> {
     let transition = match r.state {
         State::AwaitingConfirmation if r.created_at + CONFIRMATION_WINDOW_MS <= now => {
             Some((State::Expired, "confirmation-timeout"))
@@ -152,15 +170,21 @@ async fn advance(app: &App, r: Reservation, now: i64) -> Result<Option<(String, 
     };
     if let Some((state, reason)) = transition {
         let frees = r.state != State::AwaitingConfirmation;
-        let freed = (r.pool_id.clone(), r.node_ids());
-        return Ok((finish(app, r, state, reason).await? && frees).then_some(freed));
+        let (pool, nodes) = (r.pool_id.clone(), r.node_ids());
+        let moved = finish(app, r, state, reason).await?;
+        return Ok(match moved && frees {
+            true => Next::Freed(pool, nodes),
+            false => Next::Nothing,
+        });
     }
     match r.state {
         State::Placed if r.start_ms <= now => activate(app, r).await?,
-        State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => retry(app, &r.id).await,
+        State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => {
+            return Ok(Next::Retry(Box::new(r)));
+        }
         _ => {}
     }
-    Ok(None)
+    Ok(Next::Nothing)
 }
 
 /// Ends `r` (as the pass read it) in `state`; answers whether this replica moved it.
@@ -215,6 +239,12 @@ async fn activate(app: &App, mut r: Reservation) -> Result<()> {
 /// Freed capacity: tries the pool's pending reservations again, oldest first. `freed` are
 /// the nodes this replica just freed units on, already current in its capacity view.
 pub async fn wake_pool(app: &App, pool_id: &str, freed: &[String]) -> Result<()> {
+    wake(app, pool_id, freed, Vec::new()).await
+}
+
+/// [`wake_pool`], with `due` (pending reservations of the pool due for another attempt
+/// anyway) tried whether or not they may fit on the freed nodes.
+async fn wake(app: &App, pool_id: &str, freed: &[String], due: Vec<Reservation>) -> Result<()> {
     let pending = {
         let mut conn = app.store.pool().acquire().await?;
         store::pending_in_pool(&mut conn, pool_id).await?
@@ -230,27 +260,19 @@ pub async fn wake_pool(app: &App, pool_id: &str, freed: &[String]) -> Result<()>
         Some(app.capacity.nodes(freed).await?)
     };
     let now = app.now_ms();
-    for r in pending {
-        let wanted: i64 = r.request.devices.iter().map(|d| d.count).sum();
-        let may_fit = r.request.gang.is_some()
-            || freed.as_ref().is_none_or(|nodes| {
-                nodes
-                    .iter()
-                    .any(|n| n.free_units(r.start_ms.max(now), r.end_ms) as i64 >= wanted)
-            });
-        if may_fit {
-            retry(app, &r.id).await;
-        }
-    }
-    Ok(())
-}
-
-/// Retries one pending reservation. A failure (a failing placement plugin, say) is that
-/// reservation's alone: it is logged and the reservation waits for its next attempt.
-async fn retry(app: &App, id: &str) {
-    if let Err(err) = place::retry(app, id).await {
-        tracing::warn!(reservation = %id, error = %err, "placement retry failed");
-    }
+    let tried: Vec<Reservation> = (pending.into_iter())
+        .filter(|r| {
+            let wanted: i64 = r.request.devices.iter().map(|d| d.count).sum();
+            due.iter().any(|d| d.id == r.id)
+                || r.request.gang.is_some()
+                || freed.as_ref().is_none_or(|nodes| {
+                    nodes
+                        .iter()
+                        .any(|n| n.free_units(r.start_ms.max(now), r.end_ms) as i64 >= wanted)
+                })
+        })
+        .collect();
+    place::retry_pool(app, pool_id, tried).await
 }
 
 /// Runs the reconciler every `every` until the process stops.

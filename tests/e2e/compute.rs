@@ -139,6 +139,7 @@ on_both_databases!(
     extend_moves_the_end_or_reports_available_until,
     concurrent_extends_are_refused_while_one_is_in_flight,
     a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before,
+    pending_reservations_of_a_pool_are_retried_together_oldest_first_and_what_still_waits_waits_thirty_seconds_more,
     renew_moves_the_lease_and_a_lapsed_lease_releases,
     the_reconciler_activates_and_expires_with_the_clock,
     iam_policy_refusal_is_access_denied_and_stays_refused,
@@ -743,6 +744,71 @@ async fn a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_n
     let (_, placed) = w.get(&waiting["id"]).await;
     assert_eq!(placed["state"], "placed", "retried at 30 s: {placed}");
     assert_eq!(placed["placement"]["nodeId"], "n2");
+}
+
+async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_what_still_waits_waits_thirty_seconds_more(
+    db: Db,
+) {
+    let w = world(db, 1, 64).await;
+    w.create(w.ask("k-fill", 8)).await;
+    let [four, eight, four_too] = [("k-a", 4), ("k-b", 8), ("k-c", 4)].map(|(k, n)| w.ask(k, n));
+    let mut waiting = Vec::new();
+    for ask in [four, eight, four_too] {
+        let r = w.create(ask).await;
+        assert_eq!(r["state"], "pending", "{r}");
+        waiting.push(r);
+    }
+    // Eight GPUs join: the two of four fit, the one of eight (created between them) does
+    // not, and does not keep the later one waiting.
+    register_node(&w.provider, "acme", "n2", 8).await;
+    let (status, pool) = w
+        .server
+        .admin()
+        .put(
+            &format!("/v1/pools/{}/nodes", w.pool),
+            json!({ "nodeIds": ["n1", "n2"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{pool}");
+    let tried = |text: &str| {
+        (text.lines())
+            .find_map(|l| l.strip_prefix("orl_pending_retries_total ")?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let before = tried(w.server.anonymous().get("/metrics").await.1.as_str().unwrap());
+    w.server.set_clock(T0 + 30_000).await;
+    let mut after = Vec::new();
+    for r in &waiting {
+        after.push(w.get(&r["id"]).await.1);
+    }
+    assert_eq!(
+        after.iter().map(|r| r["state"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["placed", "pending", "placed"],
+        "{after:?}"
+    );
+    assert_eq!(after[0]["placement"]["nodeId"], "n2");
+    assert_eq!(after[2]["placement"]["nodeId"], "n2");
+    let why = after[1]["conditions"][0]["message"].as_str().unwrap();
+    assert!(why.contains("of 2 nodes"), "waits on what it was tried on: {why}");
+    let after_text = w.server.anonymous().get("/metrics").await.1;
+    assert_eq!(tried(after_text.as_str().unwrap()) - before, 3.0);
+    // The one still waiting is tried again 30 s after its last attempt, not before.
+    register_node(&w.provider, "acme", "n3", 8).await;
+    let (status, pool) = w
+        .server
+        .admin()
+        .put(
+            &format!("/v1/pools/{}/nodes", w.pool),
+            json!({ "nodeIds": ["n1", "n2", "n3"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{pool}");
+    w.server.set_clock(T0 + 59_999).await;
+    assert_eq!(w.get(&waiting[1]["id"]).await.1["state"], "pending");
+    w.server.set_clock(T0 + 60_000).await;
+    let (_, placed) = w.get(&waiting[1]["id"]).await;
+    assert_eq!(placed["state"], "placed", "{placed}");
+    assert_eq!(placed["placement"]["nodeId"], "n3");
 }
 
 async fn renew_moves_the_lease_and_a_lapsed_lease_releases(db: Db) {

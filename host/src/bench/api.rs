@@ -136,6 +136,7 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
     );
     reads(&tenant, &api, &pool, &ids).await?;
     alone(server, &tenant, &pool).await?;
+    full(server, &tenant, &api, &pool, args.clients).await?;
     if args.availability_bookings > 0 {
         spread(&tenant, &pool, args.availability_bookings, args.clients).await?;
         println!("  server resident memory {:.0} MiB", server.resident_mib()?);
@@ -525,6 +526,112 @@ async fn alone(server: &Server, tenant: &Api, pool: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Fills the pool (8 GPUs a create until none fits, then 1 GPU), then measures, one at a
+/// time, 50 creates of 1 GPU that wait there: every node could take one were it not
+/// booked, so each decision reads every node. Leaves them pending and waits for the
+/// reconciler to try each again (every 30 s): the time one retry takes, read off
+/// `orl_pending_retry_seconds_total` over `orl_pending_retries_total`, and the server's CPU
+/// over the wait (its idle passes included). Releases them at the end.
+async fn full(
+    server: &Server,
+    tenant: &Api,
+    admin: &Api,
+    pool: &str,
+    clients: usize,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut filled = 0;
+    for gpus in [8, 1] {
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let (api, pool) = (tenant.clone(), pool.to_string());
+            tasks.push(tokio::spawn(async move {
+                let mut placed = 0;
+                loop {
+                    let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [{ "class": "gpu", "count": gpus }],
+                                       "duration": "2h", "idempotencyKey": format!("fill-{gpus}-{c}-{placed}") });
+                    let created = api.send("POST", "/api/compute/reservations/create", body).await?;
+                    if created["state"] != "placed" {
+                        let release = json!({ "tenantId": "tenant-a", "reservationId": created["id"] });
+                        api.send("POST", "/api/compute/reservations/release", release).await?;
+                        return anyhow::Ok(placed);
+                    }
+                    placed += 1;
+                }
+            }));
+        }
+        for task in tasks {
+            filled += task.await??;
+        }
+    }
+    println!(
+        "  filled the pool: {filled} more creates in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut latencies = Vec::new();
+    let mut cpu = 0.0;
+    let mut waiting = Vec::new();
+    for i in 0..50 {
+        let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [{ "class": "gpu", "count": 1 }],
+                           "duration": "1h", "idempotencyKey": format!("full-{i}") });
+        let cpu_before = server.cpu_seconds()?;
+        let sent = Instant::now();
+        let created = tenant
+            .send("POST", "/api/compute/reservations/create", body)
+            .await?;
+        latencies.push(sent.elapsed());
+        cpu += server.cpu_seconds()? - cpu_before;
+        if created["state"] != "pending" {
+            bail!("a create in the full pool: {created}");
+        }
+        waiting.push(created["id"].clone());
+    }
+    println!(
+        "  create one at a time in the full pool, waits (1 GPU): p50 {}, p99 {}, server CPU {:.2} ms each",
+        ms(percentile(&mut latencies, 0.50)),
+        ms(percentile(&mut latencies, 0.99)),
+        cpu * 1000.0 / 50.0
+    );
+    let retries = |text: &str, name: &str| -> f64 {
+        (text.lines())
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let figures = || async {
+        let text = admin.text("/metrics").await?;
+        anyhow::Ok((
+            retries(&text, "orl_pending_retries_total "),
+            retries(&text, "orl_pending_retry_seconds_total "),
+        ))
+    };
+    let (tried_before, seconds_before) = figures().await?;
+    let cpu_before = server.cpu_seconds()?;
+    let waited = Instant::now();
+    let (mut tried, mut seconds) = (tried_before, seconds_before);
+    while tried - tried_before < waiting.len() as f64 && waited.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        (tried, seconds) = figures().await?;
+    }
+    let cpu = server.cpu_seconds()? - cpu_before;
+    let tried = tried - tried_before;
+    if tried < waiting.len() as f64 {
+        bail!("the reconciler tried {tried} of {} pending reservations again within 60 s", waiting.len());
+    }
+    println!(
+        "  pending retry in the full pool (1 GPU): {:.2} ms each ({tried} tried), server CPU {:.2} ms each over the {:.0} s wait",
+        (seconds - seconds_before) * 1000.0 / tried,
+        cpu * 1000.0 / tried,
+        waited.elapsed().as_secs_f64()
+    );
+    for id in waiting {
+        let release = json!({ "tenantId": "tenant-a", "reservationId": id });
+        tenant
+            .send("POST", "/api/compute/reservations/release", release)
+            .await?;
+    }
+    Ok(())
+}
+
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     if samples.is_empty() {
         return Duration::ZERO;
@@ -571,6 +678,16 @@ impl Api {
         let status = response.status();
         let text = response.text().await?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    /// The text `path` answers to a GET, failing on anything but success.
+    async fn text(&self, path: &str) -> anyhow::Result<String> {
+        let response = (self.http.get(format!("{}{path}", self.base)))
+            .bearer_auth(&self.key)
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(response.text().await?)
     }
 
     /// As [`Api::call`], failing on anything but success.

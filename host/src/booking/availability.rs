@@ -170,13 +170,21 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
             None => fits(),
         }
     };
+    // Whether a node could ever take the request is answered once per shape, so nodes of a
+    // shape that never could are left out at once; a node of its own shape (one with node
+    // reservations) is asked when it is first tried, so a search that finds its slots
+    // among the first nodes reads no others.
+    let mut vetted = vec![false; nodes.len()];
     let mut queue: BinaryHeap<Reverse<(i64, usize)>> = (nodes.iter().enumerate())
         .filter(|(_, n)| !n.is_lost())
+        .filter(|(i, n)| {
+            n.shape().is_none() || {
+                vetted[*i] = true;
+                could_fit(n)
+            }
+        })
         .map(|(i, _)| Reverse((search.from, i)))
         .collect();
-    // Whether a node could ever take the request is asked when it is first tried, so a
-    // search that finds its slots among the first nodes looks at no others.
-    let mut vetted = vec![false; nodes.len()];
     let mut slots = Vec::new();
     let mut tries = 0;
     while let Some(Reverse((start, n))) = queue.pop() {
@@ -971,6 +979,24 @@ mod tests {
             )),
             "{note}"
         );
+    }
+
+    #[test]
+    fn a_node_that_could_never_take_a_request_counts_under_that_constraint_whatever_holds_it() {
+        // Eight GPUs in one NVLink domain: no node of domains of four could ever take them,
+        // booked or not; a node of one domain of eight could, once free.
+        let nodes = vec![
+            node("busy", (0..8).map(|u| booking("busy", u, 0, 5)).collect()),
+            node("free", Vec::new()),
+            node_in_domains("whole", 8, vec![booking("whole", 0, 0, 5)]),
+        ];
+        let r = reservation(8, true);
+        let snapshot = Snapshot::of(pool(nodes), "", 0, HOUR, 0);
+        let census = snapshot.census(&r);
+        assert_eq!((census.split, census.busy, census.fit), (2, 1, 0));
+        let offer = snapshot.candidates(&r, false, None);
+        assert!(offer.candidates.nodes.is_empty());
+        assert_eq!(offer.census, Some(census));
     }
 
     #[test]

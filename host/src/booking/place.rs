@@ -607,24 +607,109 @@ fn node_room(want: HostBooking) -> String {
     )
 }
 
-/// Retries placing a pending reservation (the reconciler's and the wake-up's path).
-pub async fn retry(app: &App, id: &str) -> Result<bool> {
-    for attempt in 0..PLACE_ATTEMPTS {
-        let (r, pool, at) = {
-            let mut conn = app.store.pool().acquire().await?;
-            let Some(r) = store::find(&mut conn, id, "").await? else {
-                return Ok(false);
-            };
-            if r.state != State::Pending {
-                return Ok(false);
-            }
-            let at = app.settings.version(&mut conn).await?;
-            let Some(pool) = app.settings.pool(&mut conn, at, &r.pool_id).await? else {
-                return Ok(false);
-            };
-            (r, pool, at)
+/// How many reservations that still do not fit one transaction marks waiting again.
+const WAITING_BATCH: usize = 100;
+
+/// Retries placing the pending reservations `pending` of pool `pool_id`, in order (the
+/// reconciler's and the wake-up's path). They share one read of the pool's settings and
+/// placer, and each is decided on the capacity view as the ones before it left it. One that
+/// fits, or that spot work could make room for, or that waits in a pool-lease queue, is
+/// placed in its own transaction as a create is; those that still do not fit are marked
+/// waiting again together, [`WAITING_BATCH`] to a transaction, each by a conditional update
+/// on the version decided on (one changed meanwhile is left as it is). A failure (a failing
+/// placement plugin, say) is that reservation's alone: it is logged and the reservation
+/// waits for its next attempt.
+pub async fn retry_pool(app: &App, pool_id: &str, pending: Vec<Reservation>) -> Result<()> {
+    let (pool, at) = {
+        let mut conn = app.store.pool().acquire().await?;
+        let at = app.settings.version(&mut conn).await?;
+        let Some(pool) = app.settings.pool(&mut conn, at, pool_id).await? else {
+            return Ok(());
         };
-        let (decided, _assumed) = decide(app, (&pool, at), &r).await?;
+        (pool, at)
+    };
+    let started = std::time::Instant::now();
+    let queued = pool.policy.placer == PlacerMode::PoolLease;
+    let mut waiting = Vec::new();
+    let mut tried = 0;
+    for r in pending.into_iter().filter(|r| r.state == State::Pending) {
+        tried += 1;
+        let decision = match decide(app, (&pool, at), &r).await {
+            Ok(decision) => decision,
+            Err(err) => {
+                tracing::warn!(reservation = %r.id, error = %err, "placement retry failed");
+                continue;
+            }
+        };
+        match decision {
+            (Decided::NoFit { reason, spot_nodes, .. }, _) if !queued && spot_nodes.is_empty() => {
+                waiting.push((r, reason));
+            }
+            decision => {
+                if let Err(err) = retry(app, &r.id, (&pool, at), decision).await {
+                    tracing::warn!(reservation = %r.id, error = %err, "placement retry failed");
+                }
+            }
+        }
+    }
+    for chunk in waiting.chunks(WAITING_BATCH) {
+        still_waiting(app, chunk).await?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    app.metrics.observe_pending_retries(tried, seconds);
+    Ok(())
+}
+
+/// Marks the reservations of `waiting`, each as decided on with why it does not fit,
+/// waiting again in one transaction and one round trip: the next attempt, and the reason
+/// where it changed. One changed since it was read is left as it is.
+async fn still_waiting(app: &App, waiting: &[(Reservation, String)]) -> Result<()> {
+    let mut tx = app.store.begin().await?;
+    let now = app.now_ms();
+    let mut batch = Batch::on(&tx);
+    for (decided_on, reason) in waiting {
+        let mut r = decided_on.clone();
+        mark_pending(&mut r, false, reason.clone(), now);
+        if same_conditions(&r, decided_on) {
+            r.conditions = decided_on.conditions.clone();
+        }
+        store::push_update(&mut batch, &r);
+    }
+    batch.execute(&mut tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Whether `r` waits for the same reasons as `before` did (only the next attempt moved).
+fn same_conditions(r: &Reservation, before: &Reservation) -> bool {
+    (r.conditions.iter().map(|c| (&c.kind, &c.message)))
+        .eq(before.conditions.iter().map(|c| (&c.kind, &c.message)))
+}
+
+/// Places the pending reservation `id` as `first` decided (read again and decided again
+/// after a lost write), or marks it waiting; answers whether it was placed.
+async fn retry(
+    app: &App,
+    id: &str,
+    (pool, at): (&Pool, Version),
+    first: (Decided, Option<Assumed>),
+) -> Result<bool> {
+    let mut first = Some(first);
+    for attempt in 0..PLACE_ATTEMPTS {
+        let (decided, _assumed) = match first.take() {
+            Some(decision) => decision,
+            None => {
+                let mut conn = app.store.pool().acquire().await?;
+                let Some(r) = store::find(&mut conn, id, "").await? else {
+                    return Ok(false);
+                };
+                if r.state != State::Pending {
+                    return Ok(false);
+                }
+                drop(conn);
+                decide(app, (pool, at), &r).await?
+            }
+        };
         let mut tx = app.store.begin().await?;
         let Some(mut r) = store::find(&mut tx, id, app.store.for_update()).await? else {
             return Ok(false);
@@ -634,10 +719,10 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
         }
         // Read after the locks: the bookings written below start no earlier than this.
         let now = app.now_ms();
-        let before = r.conditions.clone();
+        let before = r.clone();
         let since = app.capacity.since(&mut tx).await?;
         let (placed, preempted) =
-            match try_place(app, &mut tx, &pool, &mut r, decided, attempt, now, None).await? {
+            match try_place(app, &mut tx, pool, &mut r, decided, attempt, now, None).await? {
                 Outcome::Placed { preempted } => (true, preempted),
                 Outcome::Pending => (false, Vec::new()),
                 Outcome::Lost(nodes) => {
@@ -646,14 +731,9 @@ pub async fn retry(app: &App, id: &str) -> Result<bool> {
                     continue;
                 }
             };
-        if !placed
-            && r.conditions
-                .iter()
-                .map(|c| (&c.kind, &c.message))
-                .eq(before.iter().map(|c| (&c.kind, &c.message)))
-        {
+        if !placed && same_conditions(&r, &before) {
             // Still waiting for the same reason: only the next attempt moves.
-            r.conditions = before;
+            r.conditions = before.conditions;
         }
         if placed {
             r.operate("place", now);

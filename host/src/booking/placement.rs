@@ -556,6 +556,7 @@ impl Snapshot {
         let mut in_domain: Vec<usize> = Vec::new();
         let mut node_models: Vec<u32> = Vec::new();
         let mut loads: Vec<DomainLoad> = Vec::new();
+        let mut never = Never::default();
         for n in (first..len).chain(0..first) {
             if limit.is_some_and(|l| out.candidates.nodes.len() >= l) {
                 self.scan.store(n, Ordering::Relaxed);
@@ -568,6 +569,12 @@ impl Snapshot {
             if capacity.is_lost() {
                 if let Some(census) = &mut census {
                     census.lost += 1;
+                }
+                continue;
+            }
+            if let Some(verdict) = never.fails(self, n, reservation) {
+                if let Some(census) = &mut census {
+                    census.count(verdict);
                 }
                 continue;
             }
@@ -682,8 +689,34 @@ impl Snapshot {
     }
 }
 
+/// Per node shape ([`NodeCapacity::shape`]), the first constraint a node of that shape fails
+/// for one request with nothing holding it, worked out on the first such node: a node that
+/// fails a constraint even then (too little host in all, too few matching units, too few in
+/// one NVLink domain) fails it whatever holds it, so it is neither read over the window nor
+/// offered, and it is counted under that constraint. A pool of one or a few shapes pays
+/// one lookup per node for a request no node could ever take.
+#[derive(Default)]
+struct Never(std::collections::HashMap<u64, Option<Verdict>, foldhash::fast::FixedState>);
+
+impl Never {
+    fn fails(&mut self, snapshot: &Snapshot, n: usize, r: &Reservation) -> Option<Verdict> {
+        let shape = snapshot.nodes[n].shape()?;
+        *self.0.entry(shape).or_insert_with(|| {
+            let units = snapshot.nodes[n].node.units.len();
+            let idle = NodeWindow {
+                held: vec![Held::default(); units],
+                allowed: vec![true; units],
+                ..NodeWindow::default()
+            };
+            let verdict = snapshot.verdict(n, r, &idle, &mut Vec::new());
+            (verdict != Verdict::Fit).then_some(verdict)
+        })
+    }
+}
+
 /// Why the nodes of a snapshot do not take a request, one count per constraint: each node
-/// counted once, under the first constraint it fails, so the counts add up to the pool.
+/// counted once, under the first constraint it fails (one it fails even with nothing
+/// holding it first), so the counts add up to the pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Census {
     pub nodes: usize,
@@ -768,9 +801,14 @@ impl Snapshot {
         };
         let mut window = NodeWindow::default();
         let mut by_domain: Vec<usize> = Vec::new();
+        let mut never = Never::default();
         for n in 0..self.nodes.len() {
             if self.nodes[n].is_lost() {
                 census.lost += 1;
+                continue;
+            }
+            if let Some(verdict) = never.fails(self, n, r) {
+                census.count(verdict);
                 continue;
             }
             self.read_window(n, r, &mut window);
