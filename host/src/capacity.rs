@@ -86,6 +86,8 @@ pub struct NodeCapacity {
     pub claims: Vec<Record>,
     /// Each booking of a unit the node still reports, as a decision reads it.
     spans: Vec<Span>,
+    /// [`reservation_hash`] of each host booking's reservation, in the order of `host`.
+    host_reservations: Vec<u64>,
     /// Each unit as a decision reads it, in the order of `node.units`.
     slots: Vec<Slot>,
     /// The positions in `node.units` of the units each claim holds.
@@ -125,6 +127,9 @@ impl NodeCapacity {
                     end_ms: b.end_ms,
                 })
             })
+            .collect();
+        let host_reservations = (host.iter())
+            .map(|h| reservation_hash(&h.reservation_id))
             .collect();
         let claim_units = claims
             .iter()
@@ -173,6 +178,7 @@ impl NodeCapacity {
             host,
             claims,
             spans,
+            host_reservations,
             slots,
             claim_units,
             models,
@@ -219,6 +225,11 @@ impl NodeCapacity {
     /// Each booking of a unit the node still reports, as a decision reads it.
     pub fn spans(&self) -> &[Span] {
         &self.spans
+    }
+
+    /// Each host booking with [`reservation_hash`] of its reservation.
+    pub fn host_spans(&self) -> impl Iterator<Item = (&HostBooked, u64)> {
+        self.host.iter().zip(self.host_reservations.iter().copied())
     }
 
     /// Each unit as a decision reads it, in the order of `node.units`.

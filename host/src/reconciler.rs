@@ -260,10 +260,11 @@ async fn wake(app: &App, pool_id: &str, freed: &[String], due: Vec<Reservation>)
         Some(app.capacity.nodes(freed).await?)
     };
     let now = app.now_ms();
+    let due: BTreeSet<String> = due.into_iter().map(|r| r.id).collect();
     let tried: Vec<Reservation> = (pending.into_iter())
         .filter(|r| {
             let wanted: i64 = r.request.devices.iter().map(|d| d.count).sum();
-            due.iter().any(|d| d.id == r.id)
+            due.contains(&r.id)
                 || r.request.gang.is_some()
                 || freed.as_ref().is_none_or(|nodes| {
                     nodes

@@ -24,7 +24,7 @@ use super::engine::{
 };
 use super::placement::{Census, Placer, Refusal, Snapshot, check_choice};
 use super::preempt;
-use super::store::{self, Member, Reservation};
+use super::store::{self, Condition, Member, Reservation};
 use super::{HostBooking, State};
 use crate::capacity::{Assumed, Assumption, Change};
 use crate::pools::PlacerMode;
@@ -670,7 +670,7 @@ async fn still_waiting(app: &App, waiting: &[(Reservation, String)]) -> Result<(
     for (decided_on, reason) in waiting {
         let mut r = decided_on.clone();
         mark_pending(&mut r, false, reason.clone(), now);
-        if same_conditions(&r, decided_on) {
+        if same_conditions(&r.conditions, &decided_on.conditions) {
             r.conditions = decided_on.conditions.clone();
         }
         store::push_update(&mut batch, &r);
@@ -680,10 +680,10 @@ async fn still_waiting(app: &App, waiting: &[(Reservation, String)]) -> Result<(
     Ok(())
 }
 
-/// Whether `r` waits for the same reasons as `before` did (only the next attempt moved).
-fn same_conditions(r: &Reservation, before: &Reservation) -> bool {
-    (r.conditions.iter().map(|c| (&c.kind, &c.message)))
-        .eq(before.conditions.iter().map(|c| (&c.kind, &c.message)))
+/// Whether `now` are the conditions of `before` (only their times may have moved).
+fn same_conditions(now: &[Condition], before: &[Condition]) -> bool {
+    (now.iter().map(|c| (&c.kind, &c.message)))
+        .eq(before.iter().map(|c| (&c.kind, &c.message)))
 }
 
 /// Places the pending reservation `id` as `first` decided (read again and decided again
@@ -719,7 +719,7 @@ async fn retry(
         }
         // Read after the locks: the bookings written below start no earlier than this.
         let now = app.now_ms();
-        let before = r.clone();
+        let before = r.conditions.clone();
         let since = app.capacity.since(&mut tx).await?;
         let (placed, preempted) =
             match try_place(app, &mut tx, pool, &mut r, decided, attempt, now, None).await? {
@@ -731,9 +731,9 @@ async fn retry(
                     continue;
                 }
             };
-        if !placed && same_conditions(&r, &before) {
+        if !placed && same_conditions(&r.conditions, &before) {
             // Still waiting for the same reason: only the next attempt moves.
-            r.conditions = before.conditions;
+            r.conditions = before;
         }
         if placed {
             r.operate("place", now);

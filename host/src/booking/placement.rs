@@ -371,11 +371,11 @@ impl Snapshot {
         }
         out.host_used = HostBooking::default();
         out.host_used_steady = HostBooking::default();
-        for h in capacity
-            .host
-            .iter()
-            .filter(|h| self.overlaps(h.start_ms, h.end_ms, &h.reservation_id))
-        {
+        for (h, _) in capacity.host_spans().filter(|(h, hash)| {
+            h.start_ms < self.end
+                && h.end_ms > self.start
+                && (*hash != self.own_hash || h.reservation_id != self.own)
+        }) {
             let booked = HostBooking {
                 vcpu: h.vcpu,
                 memory_gib: h.memory_gib,

@@ -319,22 +319,29 @@ pub async fn find(conn: &mut AnyConnection, id: &str, lock: &str) -> Result<Opti
 /// The reservations time moves at `now`, oldest first (the reconciler's work list): a
 /// confirmation older than `confirmation_window_ms`, a lapsed lease, an ended window, a
 /// start reached, a pending retry due (queued ones, without a next attempt, every pass).
-/// Each term is served by a partial index on its due time, so a pass reads what is due,
-/// not every live reservation.
+/// Each term is a query of its own, served by a partial index on its due time (migrations
+/// 0011 and 0017 on SQLite): a pass reads what is due, not every live reservation, which
+/// SQLite read for the same terms joined by `OR`.
 pub async fn due(
     conn: &mut AnyConnection,
     now: i64,
     confirmation_window_ms: i64,
 ) -> Result<Vec<Reservation>> {
     let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM compute_reservations
-         WHERE (state = 'awaiting-confirmation' AND created_at <= $1)
-            OR (lease_deadline_ms IS NOT NULL AND lease_deadline_ms <= $2
-                AND state IN ('placed', 'binding', 'active'))
-            OR (state IN ('pending', 'placed', 'binding', 'active') AND end_ms <= $2)
-            OR (state = 'placed' AND start_ms <= $2)
-            OR (state = 'pending' AND next_attempt_ms <= $2)
-            OR (state = 'pending' AND next_attempt_ms IS NULL)
+        "SELECT {COLUMNS} FROM compute_reservations WHERE id IN (
+             SELECT id FROM compute_reservations
+              WHERE state = 'awaiting-confirmation' AND created_at <= $1
+             UNION ALL SELECT id FROM compute_reservations
+              WHERE lease_deadline_ms IS NOT NULL AND lease_deadline_ms <= $2
+                AND state IN ('placed', 'binding', 'active')
+             UNION ALL SELECT id FROM compute_reservations
+              WHERE state IN ('pending', 'placed', 'binding', 'active') AND end_ms <= $2
+             UNION ALL SELECT id FROM compute_reservations
+              WHERE state = 'placed' AND start_ms <= $2
+             UNION ALL SELECT id FROM compute_reservations
+              WHERE state = 'pending' AND next_attempt_ms <= $2
+             UNION ALL SELECT id FROM compute_reservations
+              WHERE state = 'pending' AND next_attempt_ms IS NULL)
          ORDER BY position"
     ))
     .bind(now - confirmation_window_ms)
