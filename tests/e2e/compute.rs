@@ -772,24 +772,42 @@ async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_wh
     assert_eq!(status, StatusCode::OK, "{pool}");
     let tried = |text: &str| {
         (text.lines())
-            .find_map(|l| l.strip_prefix("orl_pending_retries_total ")?.parse::<f64>().ok())
+            .find_map(|l| {
+                l.strip_prefix("orl_pending_retries_total ")?
+                    .parse::<f64>()
+                    .ok()
+            })
             .unwrap_or(0.0)
     };
-    let before = tried(w.server.anonymous().get("/metrics").await.1.as_str().unwrap());
+    let before = tried(
+        w.server
+            .anonymous()
+            .get("/metrics")
+            .await
+            .1
+            .as_str()
+            .unwrap(),
+    );
     w.server.set_clock(T0 + 30_000).await;
     let mut after = Vec::new();
     for r in &waiting {
         after.push(w.get(&r["id"]).await.1);
     }
     assert_eq!(
-        after.iter().map(|r| r["state"].as_str().unwrap()).collect::<Vec<_>>(),
+        after
+            .iter()
+            .map(|r| r["state"].as_str().unwrap())
+            .collect::<Vec<_>>(),
         ["placed", "pending", "placed"],
         "{after:?}"
     );
     assert_eq!(after[0]["placement"]["nodeId"], "n2");
     assert_eq!(after[2]["placement"]["nodeId"], "n2");
     let why = after[1]["conditions"][0]["message"].as_str().unwrap();
-    assert!(why.contains("of 2 nodes"), "waits on what it was tried on: {why}");
+    assert!(
+        why.contains("of 2 nodes"),
+        "waits on what it was tried on: {why}"
+    );
     let after_text = w.server.anonymous().get("/metrics").await.1;
     assert_eq!(tried(after_text.as_str().unwrap()) - before, 3.0);
     // The one still waiting is tried again 30 s after its last attempt, not before.

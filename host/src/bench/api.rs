@@ -612,14 +612,18 @@ async fn full(
     // the CPU it takes would count against the retries).
     tokio::time::sleep(Duration::from_secs(31)).await;
     let (mut tried, mut seconds) = figures().await?;
-    while tried - tried_before < waiting.len() as f64 && waited.elapsed() < Duration::from_secs(60) {
+    while tried - tried_before < waiting.len() as f64 && waited.elapsed() < Duration::from_secs(60)
+    {
         tokio::time::sleep(Duration::from_secs(1)).await;
         (tried, seconds) = figures().await?;
     }
     let cpu = server.cpu_seconds()? - cpu_before;
     let tried = tried - tried_before;
     if tried < waiting.len() as f64 {
-        bail!("the reconciler tried {tried} of {} pending reservations again within 60 s", waiting.len());
+        bail!(
+            "the reconciler tried {tried} of {} pending reservations again within 60 s",
+            waiting.len()
+        );
     }
     println!(
         "  pending retry in the full pool (1 GPU): {:.2} ms each ({tried} tried), server CPU {:.2} ms each over the {:.0} s wait",

@@ -642,7 +642,12 @@ pub async fn retry_pool(app: &App, pool_id: &str, pending: Vec<Reservation>) -> 
             }
         };
         match decision {
-            (Decided::NoFit { reason, spot_nodes, .. }, _) if !queued && spot_nodes.is_empty() => {
+            (
+                Decided::NoFit {
+                    reason, spot_nodes, ..
+                },
+                _,
+            ) if !queued && spot_nodes.is_empty() => {
                 waiting.push((r, reason));
             }
             decision => {
@@ -682,8 +687,7 @@ async fn still_waiting(app: &App, waiting: &[(Reservation, String)]) -> Result<(
 
 /// Whether `now` are the conditions of `before` (only their times may have moved).
 fn same_conditions(now: &[Condition], before: &[Condition]) -> bool {
-    (now.iter().map(|c| (&c.kind, &c.message)))
-        .eq(before.iter().map(|c| (&c.kind, &c.message)))
+    (now.iter().map(|c| (&c.kind, &c.message))).eq(before.iter().map(|c| (&c.kind, &c.message)))
 }
 
 /// Places the pending reservation `id` as `first` decided (read again and decided again
