@@ -70,9 +70,13 @@ pub async fn run_once(app: &App) -> Result<()> {
     let pools: BTreeSet<String> = freed.keys().chain(retries.keys()).cloned().collect();
     for pool in pools {
         let due = retries.remove(&pool).unwrap_or_default();
-        match freed.get(&pool) {
-            Some(nodes) => wake(app, &pool, nodes, due).await?,
-            None => place::retry_pool(app, &pool, due).await?,
+        let tried = match freed.get(&pool) {
+            Some(nodes) => wake(app, &pool, nodes, due).await,
+            None => place::retry_pool(app, &pool, due).await,
+        };
+        // One pool's failure leaves the others' retries to go on.
+        if let Err(err) = tried {
+            tracing::warn!(pool = %pool, error = %format_args!("{err:#}"), "pending retries failed");
         }
     }
     sweep_drafts(app, now).await?;
