@@ -70,6 +70,17 @@ impl World {
         json!({ "tenantId": "tenant-a", "poolId": self.pool, "devices": [{ "class": "gpu", "count": gpus }], "duration": "2h", "idempotencyKey": key })
     }
 
+    /// Makes `nodes` the pool's members.
+    async fn set_pool_nodes(&self, nodes: &[&str]) {
+        let path = format!("/v1/pools/{}/nodes", self.pool);
+        let (status, pool) = self
+            .server
+            .admin()
+            .put(&path, json!({ "nodeIds": nodes }))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{pool}");
+    }
+
     async fn create(&self, body: Value) -> Value {
         let (status, r) = rpc(&self.tenant, "create", body).await;
         assert_eq!(status, StatusCode::OK, "{r}");
@@ -725,15 +736,7 @@ async fn a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_n
     // Capacity appears without anything freeing: a new node joins the pool. Only the
     // retry can find it.
     register_node(&w.provider, "acme", "n2", 8).await;
-    let (status, pool) = w
-        .server
-        .admin()
-        .put(
-            &format!("/v1/pools/{}/nodes", w.pool),
-            json!({ "nodeIds": ["n1", "n2"] }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{pool}");
+    w.set_pool_nodes(&["n1", "n2"]).await;
     w.server.set_clock(T0 + 29_999).await;
     assert_eq!(
         w.get(&waiting["id"]).await.1["state"],
@@ -761,15 +764,7 @@ async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_wh
     // Eight GPUs join: the two of four fit, the one of eight (created between them) does
     // not, and does not keep the later one waiting.
     register_node(&w.provider, "acme", "n2", 8).await;
-    let (status, pool) = w
-        .server
-        .admin()
-        .put(
-            &format!("/v1/pools/{}/nodes", w.pool),
-            json!({ "nodeIds": ["n1", "n2"] }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{pool}");
+    w.set_pool_nodes(&["n1", "n2"]).await;
     let tried = |text: &str| {
         (text.lines())
             .find_map(|l| {
@@ -812,15 +807,7 @@ async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_wh
     assert_eq!(tried(after_text.as_str().unwrap()) - before, 3.0);
     // The one still waiting is tried again 30 s after its last attempt, not before.
     register_node(&w.provider, "acme", "n3", 8).await;
-    let (status, pool) = w
-        .server
-        .admin()
-        .put(
-            &format!("/v1/pools/{}/nodes", w.pool),
-            json!({ "nodeIds": ["n1", "n2", "n3"] }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{pool}");
+    w.set_pool_nodes(&["n1", "n2", "n3"]).await;
     w.server.set_clock(T0 + 59_999).await;
     assert_eq!(w.get(&waiting[1]["id"]).await.1["state"], "pending");
     w.server.set_clock(T0 + 60_000).await;

@@ -492,13 +492,9 @@ async fn alone(server: &Server, tenant: &Api, pool: &str) -> anyhow::Result<()> 
         for i in 0..50 {
             let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [{ "class": "gpu", "count": gpus, "topology": topology }],
                                "duration": "1h", "idempotencyKey": format!("alone-{topology}-{i}") });
-            let cpu_before = server.cpu_seconds()?;
-            let sent = Instant::now();
-            let created = tenant
-                .send("POST", "/api/compute/reservations/create", body)
-                .await?;
-            latencies.push(sent.elapsed());
-            cpu += server.cpu_seconds()? - cpu_before;
+            let (created, took, used) = timed_create(server, tenant, body).await?;
+            latencies.push(took);
+            cpu += used;
             let state = created["state"].as_str().unwrap_or_default();
             if state
                 != (if topology == "any" {
@@ -575,13 +571,9 @@ async fn full(
     for i in 0..50 {
         let body = json!({ "tenantId": "tenant-a", "poolId": pool, "devices": [{ "class": "gpu", "count": 1 }],
                            "duration": "1h", "idempotencyKey": format!("full-{i}") });
-        let cpu_before = server.cpu_seconds()?;
-        let sent = Instant::now();
-        let created = tenant
-            .send("POST", "/api/compute/reservations/create", body)
-            .await?;
-        latencies.push(sent.elapsed());
-        cpu += server.cpu_seconds()? - cpu_before;
+        let (created, took, used) = timed_create(server, tenant, body).await?;
+        latencies.push(took);
+        cpu += used;
         if created["state"] != "pending" {
             bail!("a create in the full pool: {created}");
         }
@@ -638,6 +630,21 @@ async fn full(
             .await?;
     }
     Ok(())
+}
+
+/// One create: its answer, its latency and the server CPU it took (seconds).
+async fn timed_create(
+    server: &Server,
+    tenant: &Api,
+    body: Value,
+) -> anyhow::Result<(Value, Duration, f64)> {
+    let cpu_before = server.cpu_seconds()?;
+    let sent = Instant::now();
+    let created = tenant
+        .send("POST", "/api/compute/reservations/create", body)
+        .await?;
+    let took = sent.elapsed();
+    Ok((created, took, server.cpu_seconds()? - cpu_before))
 }
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
