@@ -1,7 +1,8 @@
 //! A state-machine property test of the booking engine: random creates (single, gangs and
-//! spot), releases, cancels, extends, spot reclaims, node reservations made and ended and
-//! their units released to spot and reclaimed, node agents and inventory reports (and the
-//! node loss that follows when a watched node falls silent) and clock steps go to the real
+//! spot, some with a lease), releases, cancels, extends, renews, spot reclaims, changes of
+//! the pool's nodes, node reservations made and ended and their units released to spot and
+//! reclaimed, node agents and inventory reports (and the node loss that follows when a
+//! watched node falls silent) and clock steps go to the real
 //! server on a real database, and after each one the database is compared with a small model
 //! of DESIGN's rules: which units are booked and by whom, each tenant's quota in use, each
 //! reservation's state and end, that spot work is the only work ever terminated for
@@ -48,8 +49,14 @@ enum Op {
         members: i64,
         hours: i64,
         spot: bool,
+        /// `leaseSeconds`: it is released once a lease goes unrenewed that long.
+        lease: Option<i64>,
     },
     Release(usize),
+    /// Moves a reservation's lease deadline to now plus its lease.
+    Renew(usize),
+    /// The pool's nodes become those whose bit is set (`PUT /v1/pools/{id}/nodes`).
+    SetNodes(u8),
     Cancel(usize),
     Extend(usize, i64),
     /// The provider reclaims the spot work on a node.
@@ -105,11 +112,12 @@ impl Lcg {
     }
 
     /// One operation: creates weigh 6 (one in three spot, by the second tenant; one in six
-    /// a gang of two), releases and steps 2, cancels, extends, reclaims, node reservations,
-    /// their ends, releases and reclaims of their units, agent polls and inventory reports 1.
+    /// a gang of two; half with a lease), releases and steps 2, cancels, extends, renews,
+    /// reclaims, changes of the pool's nodes, node reservations, their ends, releases and
+    /// reclaims of their units, agent polls and inventory reports 1.
     fn op(&mut self) -> Op {
         let index = self.below(16) as usize;
-        match self.below(19) {
+        match self.below(21) {
             0..=5 => {
                 let kind = self.below(6);
                 Op::Create {
@@ -121,8 +129,11 @@ impl Lcg {
                     members: if kind == 0 { 2 } else { 1 },
                     hours: 1 + self.below(3) as i64,
                     spot: kind >= 4,
+                    lease: [None, None, Some(1_800), Some(5_400)][self.below(4) as usize],
                 }
             }
+            19 => Op::Renew(index),
+            20 => Op::SetNodes(1 + self.below((1 << NODES) - 1) as u8),
             6 | 7 => Op::Release(index),
             8 => Op::Cancel(index),
             9 => Op::Extend(index, 1 + self.below(2) as i64),
@@ -168,6 +179,9 @@ struct Modelled {
     members: i64,
     spot: bool,
     end: i64,
+    /// Its lease, in milliseconds, and while it is placed the deadline it runs to.
+    lease: Option<i64>,
+    deadline: Option<i64>,
     state: String,
     nodes: BTreeSet<String>,
     units: BTreeSet<String>,
@@ -223,6 +237,8 @@ struct Model {
     reservations: Vec<Modelled>,
     claims: Vec<Claim>,
     reporting: Vec<Reporting>,
+    /// The nodes in the pool, by index: only they take new placements.
+    members: BTreeSet<usize>,
     /// Until when a waiting reservation may not yet have seen capacity that freed without
     /// waking its pool.
     quiet_until: i64,
@@ -254,7 +270,7 @@ impl Model {
     /// no live reservation holds (counting spot work's as free with `spot_free`) and no
     /// live claim keeps from it.
     fn free_on(&self, n: usize, (tenant, spot): (usize, bool), spot_free: bool) -> i64 {
-        if self.reporting[n].lost {
+        if self.reporting[n].lost || !self.members.contains(&n) {
             return 0;
         }
         self.units_of(n)
@@ -357,6 +373,7 @@ impl Case<'_> {
                 reservations: Vec::new(),
                 claims: Vec::new(),
                 reporting: vec![Reporting::default(); NODES],
+                members: (0..NODES).collect(),
                 quiet_until: now,
             },
             keys: 0,
@@ -395,11 +412,15 @@ impl Case<'_> {
                 members,
                 hours,
                 spot,
+                lease,
             } => {
                 self.keys += 1;
                 let mut body = json!({ "poolId": self.pool,
                     "devices": [{ "class": "gpu", "count": gpus }], "duration": hours * 3600,
                     "spot": spot, "idempotencyKey": format!("k{}", self.keys) });
+                if let Some(seconds) = lease {
+                    body["leaseSeconds"] = json!(seconds);
+                }
                 if members > 1 {
                     body["gang"] = json!({ "size": members });
                 }
@@ -433,6 +454,8 @@ impl Case<'_> {
                     members,
                     spot,
                     end: self.model.now + hours * HOUR,
+                    lease: lease.map(|seconds| seconds * 1000),
+                    deadline: None,
                     state: "pending".to_string(),
                     nodes: BTreeSet::new(),
                     units: BTreeSet::new(),
@@ -449,6 +472,43 @@ impl Case<'_> {
                     ended => ended.to_string(),
                 };
                 assert_eq!(answer["state"], r.state.as_str(), "{answer}");
+            }
+            Op::Renew(i) => {
+                let Some(i) = self.pick(i) else { return };
+                let (status, answer) = self.call(i, "renew").await;
+                let now = self.model.now;
+                let r = &mut self.model.reservations[i];
+                match r.lease {
+                    Some(lease) if r.live() => {
+                        assert_eq!(status, StatusCode::OK, "{answer}");
+                        r.deadline = Some(now + lease);
+                        assert_eq!(answer["leaseDeadline"], now + lease, "{answer}");
+                    }
+                    _ => assert_eq!(
+                        (status, answer["error"]["code"].as_str()),
+                        (StatusCode::CONFLICT, Some("INVALID_STATE")),
+                        "renew of a {} reservation with lease {:?}: {answer}",
+                        r.state,
+                        r.lease
+                    ),
+                }
+            }
+            Op::SetNodes(mask) => {
+                let members: BTreeSet<usize> =
+                    (0..NODES).filter(|n| mask & (1 << n) != 0).collect();
+                let ids: Vec<&String> = members.iter().map(|&n| &self.model.nodes[n]).collect();
+                let path = format!("/v1/pools/{}/nodes", self.pool);
+                let (status, answer) = (self.server.admin())
+                    .put(&path, json!({ "nodeIds": ids }))
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{answer}");
+                let model = &mut self.model;
+                if !members.is_subset(&model.members) {
+                    // Nodes that join do not wake the pool: the waiting see them by the next
+                    // retry. Work on nodes that leave runs its course.
+                    model.quiet_until = model.quiet_until.max(model.now + RETRY);
+                }
+                model.members = members;
             }
             Op::Cancel(i) => {
                 let Some(i) = self.pick(i) else { return };
@@ -541,7 +601,9 @@ impl Case<'_> {
                     }
                 }
                 for r in &mut self.model.reservations {
-                    if r.charged() && r.end <= now {
+                    if r.live() && r.deadline.is_some_and(|d| d <= now) {
+                        r.state = "released".to_string();
+                    } else if r.charged() && r.end <= now {
                         r.state = "expired".to_string();
                     } else if r.state == "placed" {
                         r.state = "active".to_string();
@@ -716,7 +778,7 @@ impl Case<'_> {
         let mut db = self.server.database().await;
         let tenants: Vec<&str> = self.tenants.iter().map(|(_, id)| id.as_str()).collect();
         let rows = sqlx::query(
-            "SELECT id, state, end_ms, reason FROM compute_reservations
+            "SELECT id, state, end_ms, reason, lease_deadline_ms FROM compute_reservations
              WHERE (tenant_id = $1 OR tenant_id = $2) AND state <> 'draft'",
         )
         .bind(tenants[0])
@@ -724,6 +786,9 @@ impl Case<'_> {
         .fetch_all(&mut db)
         .await
         .unwrap();
+        let deadlines: BTreeMap<String, Option<i64>> = (rows.iter())
+            .map(|r| (r.get("id"), r.get("lease_deadline_ms")))
+            .collect();
         let stored: BTreeMap<String, (String, i64, Option<String>)> = rows
             .iter()
             .map(|r| {
@@ -808,6 +873,11 @@ impl Case<'_> {
                     "{} placed on lost {node}",
                     r.id
                 );
+                assert!(
+                    self.model.members.contains(&n),
+                    "{} placed on {node}, which is not in the pool",
+                    r.id
+                );
             }
             for unit in &units {
                 assert!(
@@ -825,6 +895,7 @@ impl Case<'_> {
             placed_non_spot |= !r.spot;
             let r = &mut self.model.reservations[i];
             r.state = "placed".to_string();
+            r.deadline = r.lease.map(|lease| self.model.now + lease);
             r.nodes = nodes;
             r.units = units;
         }
@@ -857,6 +928,7 @@ impl Case<'_> {
                 assert_eq!(r.units, units, "{} changed units", r.id);
             }
             r.nodes = nodes;
+            assert_eq!(deadlines[&r.id], r.deadline, "{}: lease deadline", r.id);
             for unit in &units {
                 assert!(seen.insert(unit.clone()), "{unit} booked twice");
             }
