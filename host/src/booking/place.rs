@@ -500,15 +500,15 @@ async fn insert_members(
 enum NodeCheck {
     /// The node is gone or lost, or has no room for the host resources.
     NoRoom,
-    /// It takes the placement's host resources; `claimed` when node reservations exist
-    /// on it (whose rights are then read again).
+    /// It takes the placement's host resources; `claimed` when node reservations that
+    /// are not cancelled exist on it (whose rights are then read again).
     Room { claimed: bool },
 }
 
 /// Whether `node_id` still takes placements and has room for `r`'s host resources over its
 /// window, read under a lock on the node (so two placements on one node take turns, and
-/// each sees the other's host bookings), and whether node reservations exist on it. On
-/// SQLite the one writer is the lock.
+/// each sees the other's host bookings), and whether node reservations that are not
+/// cancelled exist on it. On SQLite the one writer is the lock.
 async fn node_check(
     app: &App,
     conn: &mut AnyConnection,
@@ -532,7 +532,8 @@ async fn node_check(
     let Some(node) = sqlx::query(&format!(
         "SELECT n.host_vcpu, n.host_memory_gib, n.host_hugepages_1gi, n.lost_at,
                 {} AS vcpu, {} AS memory_gib, {} AS hugepages_1gi,
-                CAST(CASE WHEN EXISTS (SELECT 1 FROM node_reservations nr WHERE nr.node_id = n.id)
+                CAST(CASE WHEN EXISTS (SELECT 1 FROM node_reservations nr
+                                       WHERE nr.node_id = n.id AND nr.lifecycle <> 'cancelled')
                           THEN 1 ELSE 0 END AS BIGINT) AS claimed
          FROM nodes n WHERE n.id = $1",
         booked_host("vcpu", NODE_CHECK_PARAMS),
