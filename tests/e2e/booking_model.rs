@@ -2,7 +2,8 @@
 //! spot, some with a lease), releases, cancels, extends, renews, spot reclaims, changes of
 //! the pool's nodes, node reservations made and ended and their units released to spot and
 //! reclaimed, node agents and inventory reports (and the node loss that follows when a
-//! watched node falls silent) and clock steps go to the real
+//! watched node falls silent), NVLink topology changes (which put the node's reservations
+//! up for review) and re-affirmations, and clock steps go to the real
 //! server on a real database, and after each one the database is compared with a small model
 //! of DESIGN's rules: which units are booked and by whom, each tenant's quota in use, each
 //! reservation's state and end, that spot work is the only work ever terminated for
@@ -21,7 +22,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
-use crate::support::{Api, Db, Server, T0, on_both_databases, register_node};
+use crate::support::{Api, Db, Server, T0, h100_inventory, on_both_databases, register_node};
 
 on_both_databases!(the_booking_engine_follows_its_model_over_random_operations);
 
@@ -91,6 +92,10 @@ enum Op {
     Poll(usize),
     /// The provider reports a node's inventory again, unchanged.
     Report(usize),
+    /// The provider reports a node with its NVLink domains wired the other way.
+    Rewire(usize),
+    /// A platform admin re-affirms a node reservation put up for review.
+    Reaffirm(usize),
 }
 
 fn rfc3339(ms: i64) -> String {
@@ -114,10 +119,11 @@ impl Lcg {
     /// One operation: creates weigh 6 (one in three spot, by the second tenant; one in six
     /// a gang of two; half with a lease), releases and steps 2, cancels, extends, renews,
     /// reclaims, changes of the pool's nodes, node reservations, their ends, releases and
-    /// reclaims of their units, agent polls and inventory reports 1.
+    /// reclaims of their units, agent polls, inventory reports, rewirings and
+    /// re-affirmations 1.
     fn op(&mut self) -> Op {
         let index = self.below(16) as usize;
-        match self.below(21) {
+        match self.below(23) {
             0..=5 => {
                 let kind = self.below(6);
                 Op::Create {
@@ -134,6 +140,8 @@ impl Lcg {
             }
             19 => Op::Renew(index),
             20 => Op::SetNodes(1 + self.below((1 << NODES) - 1) as u8),
+            21 => Op::Rewire(index % NODES),
+            22 => Op::Reaffirm(index),
             6 | 7 => Op::Release(index),
             8 => Op::Cancel(index),
             9 => Op::Extend(index, 1 + self.below(2) as i64),
@@ -209,6 +217,9 @@ struct Claim {
     released: BTreeSet<String>,
     end: Option<i64>,
     ended: bool,
+    /// Put up for review by a topology change, and not re-affirmed since: it withholds its
+    /// units from everyone.
+    review: bool,
 }
 
 /// What the model knows of one node's reporting.
@@ -218,6 +229,8 @@ struct Reporting {
     watched: bool,
     last_seen: i64,
     lost: bool,
+    /// Which of two NVLink wirings it reports.
+    rewired: bool,
 }
 
 /// The rules: a request is placed when `members` different nodes, none of them lost, each
@@ -252,12 +265,14 @@ impl Model {
         !c.ended && c.end.is_none_or(|end| end > self.now)
     }
     /// Whether `tenant` may book `unit` now (with spot work when `spot`): every live claim on
-    /// it has the tenant in its audience, or released the unit and the work is spot.
+    /// it is not up for review and has the tenant in its audience, or released the unit and
+    /// the work is spot.
     fn allowed(&self, tenant: usize, spot: bool, unit: &str) -> bool {
-        self.claims
-            .iter()
+        (self.claims.iter())
             .filter(|c| self.claiming(c) && c.units.contains(unit))
-            .all(|c| c.allowed == Some(tenant) || (spot && c.released.contains(unit)))
+            .all(|c| {
+                !c.review && (c.allowed == Some(tenant) || (spot && c.released.contains(unit)))
+            })
     }
     /// Whether a live reservation holds `unit`, counting spot work's as free with
     /// `spot_free`.
@@ -541,7 +556,9 @@ impl Case<'_> {
                     .filter(|c| m.claiming(c) && c.end.is_none_or(|end| end > r.end))
                     .any(|c| {
                         (c.units.intersection(&r.units)).any(|u| {
-                            c.allowed != Some(r.tenant) && !(r.spot && c.released.contains(u))
+                            c.review
+                                || (c.allowed != Some(r.tenant)
+                                    && !(r.spot && c.released.contains(u)))
                         })
                     });
                 let r = &mut self.model.reservations[i];
@@ -657,6 +674,7 @@ impl Case<'_> {
                         released: BTreeSet::new(),
                         end,
                         ended: false,
+                        review: false,
                     });
                 }
             }
@@ -717,11 +735,11 @@ impl Case<'_> {
                 let (status, answer) = (self.server.admin())
                     .post(&path, json!({ "unitIds": picked }))
                     .await;
-                if !self.model.claiming(c) {
+                if !self.model.claiming(c) || c.review {
                     assert_eq!(
                         (status, answer["error"]["code"].as_str()),
                         (StatusCode::CONFLICT, Some("INVALID_STATE")),
-                        "units of an ended node reservation: {answer}"
+                        "units of a node reservation ended or up for review: {answer}"
                     );
                     return self.check(&before, op, may_preempt).await;
                 }
@@ -749,16 +767,56 @@ impl Case<'_> {
                 self.model.reporting[n].watched = true;
                 self.model.reported(n);
             }
-            Op::Report(n) => {
-                let node = self.model.nodes[n].clone();
-                register_node(
-                    &self.provider,
-                    &self.provider_id,
-                    &node,
-                    GPUS_PER_NODE as usize,
-                )
-                .await;
+            Op::Report(n) | Op::Rewire(n) => {
+                let model = &mut self.model;
+                if matches!(op, Op::Rewire(_)) {
+                    model.reporting[n].rewired ^= true;
+                    // Every claim on it still in its term is up for review.
+                    let claiming: Vec<bool> =
+                        (model.claims.iter()).map(|c| model.claiming(c)).collect();
+                    for (c, claiming) in model.claims.iter_mut().zip(claiming) {
+                        c.review |= c.node == n && claiming;
+                    }
+                }
+                let node = &model.nodes[n];
+                let mut inventory = h100_inventory(node, GPUS_PER_NODE as usize);
+                if model.reporting[n].rewired {
+                    for (g, unit) in
+                        (inventory["units"].as_array_mut().unwrap().iter_mut()).enumerate()
+                    {
+                        unit["nvlinkDomain"] = json!(format!("nvl{}", g % 2));
+                    }
+                }
+                let path = format!("/v1/orgs/{}/provider/nodes/{node}", self.provider_id);
+                let (status, answer) = self.provider.put(&path, inventory).await;
+                assert!(status.is_success(), "{status} {answer}");
                 self.model.reported(n);
+            }
+            Op::Reaffirm(i) => {
+                if self.model.claims.is_empty() {
+                    return;
+                }
+                let i = i % self.model.claims.len();
+                let c = &self.model.claims[i];
+                let path = format!(
+                    "/v1/nodes/{}/reservations/{}/reaffirm",
+                    self.model.nodes[c.node], c.id
+                );
+                let (status, answer) = self.server.admin().post(&path, json!({})).await;
+                let model = &mut self.model;
+                if model.claiming(&model.claims[i]) && model.claims[i].review {
+                    assert_eq!(status, StatusCode::OK, "{answer}");
+                    assert_eq!(answer["status"], "active", "{answer}");
+                    model.claims[i].review = false;
+                    // Its units return to its audience without waking the pool.
+                    model.quiet_until = model.quiet_until.max(model.now + RETRY);
+                } else {
+                    assert_eq!(
+                        (status, answer["error"]["code"].as_str()),
+                        (StatusCode::CONFLICT, Some("INVALID_STATE")),
+                        "re-affirming a node reservation not up for review: {answer}"
+                    );
+                }
             }
         }
         self.check(&before, op, may_preempt).await;
@@ -938,6 +996,31 @@ impl Case<'_> {
             booked.is_empty(),
             "bookings of no live reservation: {booked:?}"
         );
+
+        // Node reservations: cancelled once ended; up for review from a rewiring of their
+        // node in their term until re-affirmed.
+        let nodes = &self.model.nodes;
+        let lifecycles: BTreeMap<String, String> = sqlx::query(
+            "SELECT id, lifecycle FROM node_reservations
+             WHERE node_id = $1 OR node_id = $2 OR node_id = $3",
+        )
+        .bind(&nodes[0])
+        .bind(&nodes[1])
+        .bind(&nodes[2])
+        .fetch_all(&mut db)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get("id"), row.get("lifecycle")))
+        .collect();
+        for c in &self.model.claims {
+            let lifecycle = match (c.ended, c.review) {
+                (true, _) => "cancelled",
+                (false, true) => "needs-review",
+                (false, false) => "granted",
+            };
+            assert_eq!(lifecycles[&c.id], lifecycle, "{} after {op:?}", c.id);
+        }
 
         // Quota: charged from create to the end, once, and refunded to the preempted.
         for (t, tenant_id) in tenants.iter().enumerate() {
