@@ -100,6 +100,84 @@ pub struct NodeCapacity {
     lost: bool,
     /// [`NodeCapacity::shape`], worked out when first asked.
     shape: std::sync::OnceLock<Option<u64>>,
+    /// What a decision can tell at a glance, without reading the bookings.
+    glance: Glance,
+}
+
+/// What a decision can tell about a node without reading its unit bookings: when it is
+/// full, who may hold it and whether spot work holds any of it. Worked
+/// out when the node is loaded (or changed), kept inline so that a pass over a pool whose
+/// nodes are full touches one record a node.
+#[derive(Debug, Clone)]
+struct Glance {
+    /// The intervals (start, end) over which every sellable unit is held, sorted and
+    /// disjoint; empty for a node without a sellable unit.
+    full: Box<[(i64, i64)]>,
+    /// A 128-bit filter of the [`reservation_hash`]es of the reservations holding units or
+    /// host resources: a reservation whose bit is not set holds nothing here.
+    holders: [u64; 2],
+    /// Whether any spot booking holds a unit.
+    spot: bool,
+}
+
+impl Glance {
+    fn of(slots: &[Slot], spans: &[Span], hashes: &[u64], spot: bool) -> Glance {
+        let mut holders = [0u64; 2];
+        for hash in spans
+            .iter()
+            .map(|s| s.reservation)
+            .chain(hashes.iter().copied())
+        {
+            holders[(hash >> 6 & 1) as usize] |= 1 << (hash & 63);
+        }
+        Glance {
+            full: full_intervals(slots, spans).into(),
+            holders,
+            spot,
+        }
+    }
+}
+
+/// The intervals over which every sellable unit of `slots` is held by one of `spans`:
+/// each unit's bookings merged, then intersected across the units.
+fn full_intervals(slots: &[Slot], spans: &[Span]) -> Vec<(i64, i64)> {
+    let mut by_unit: Vec<Vec<(i64, i64)>> = vec![Vec::new(); slots.len()];
+    for span in spans {
+        by_unit[span.unit as usize].push((span.start_ms, span.end_ms));
+    }
+    let mut full: Option<Vec<(i64, i64)>> = None;
+    for (held, _) in by_unit.iter_mut().zip(slots).filter(|(_, s)| s.sellable) {
+        held.sort_unstable();
+        let mut covered: Vec<(i64, i64)> = Vec::with_capacity(held.len());
+        for &(start, end) in held.iter().filter(|(s, e)| s < e) {
+            match covered.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => covered.push((start, end)),
+            }
+        }
+        let both = match full.take() {
+            None => covered,
+            Some(so_far) => intersect(&so_far, &covered),
+        };
+        if both.is_empty() {
+            return both;
+        }
+        full = Some(both);
+    }
+    full.unwrap_or_default()
+}
+
+/// The intervals in both of two sorted lists of disjoint intervals.
+fn intersect(a: &[(i64, i64)], b: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (start, end) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if start < end {
+            out.push((start, end));
+        }
+        if a[i].1 < b[j].1 { i += 1 } else { j += 1 }
+    }
+    out
 }
 
 impl NodeCapacity {
@@ -115,7 +193,7 @@ impl NodeCapacity {
             .enumerate()
             .map(|(i, u)| (u.id.as_str(), i))
             .collect();
-        let spans = bookings
+        let spans: Vec<Span> = bookings
             .iter()
             .enumerate()
             .filter_map(|(i, b)| {
@@ -128,7 +206,7 @@ impl NodeCapacity {
                 })
             })
             .collect();
-        let host_reservations = (host.iter())
+        let host_reservations: Vec<u64> = (host.iter())
             .map(|h| reservation_hash(&h.reservation_id))
             .collect();
         let claim_units = claims
@@ -142,7 +220,7 @@ impl NodeCapacity {
             .collect();
         let mut domains: Vec<&str> = Vec::new();
         let mut models: Vec<String> = Vec::new();
-        let slots = node
+        let slots: Vec<Slot> = node
             .units
             .iter()
             .map(|u| Slot {
@@ -174,6 +252,12 @@ impl NodeCapacity {
             .count() as i64;
         drop(position);
         NodeCapacity {
+            glance: Glance::of(
+                &slots,
+                &spans,
+                &host_reservations,
+                bookings.iter().any(|b| b.spot),
+            ),
             bookings,
             host,
             claims,
@@ -215,6 +299,24 @@ impl NodeCapacity {
     /// Marked lost and not reported since: it takes no placements.
     pub fn is_lost(&self) -> bool {
         self.lost
+    }
+
+    /// Whether every sellable unit of the node is held at some time in `[start, end)` (so
+    /// each is held over that window), counting the bookings of every reservation that
+    /// [`NodeCapacity::may_hold`] names.
+    pub fn full_over(&self, start: i64, end: i64) -> bool {
+        self.glance.full.iter().any(|(s, e)| *s < end && *e > start)
+    }
+
+    /// Whether the reservation with [`reservation_hash`] `hash` may hold units or host
+    /// resources here; `false` only when it holds none.
+    pub fn may_hold(&self, hash: u64) -> bool {
+        self.glance.holders[(hash >> 6 & 1) as usize] & (1 << (hash & 63)) != 0
+    }
+
+    /// Whether any spot booking holds a unit of the node.
+    pub fn holds_spot(&self) -> bool {
+        self.glance.spot
     }
 
     /// The node's distinct unit models, in order of first appearance.
@@ -1544,5 +1646,36 @@ mod tests {
         });
         assert!(released.same_capacity(&held));
         assert_eq!(released.free_units(0, 100), 3);
+    }
+
+    #[test]
+    fn a_node_is_full_where_every_sellable_unit_is_held_and_only_there() {
+        let during = |unit: &str, start_ms: i64, end_ms: i64| Booked {
+            start_ms,
+            end_ms,
+            ..booked(unit, &format!("rsv-{unit}-{start_ms}"))
+        };
+        let mut units = node(3);
+        Arc::make_mut(&mut units).units[2].sellable = false;
+        // g0 held over [0, 10) in two touching bookings, g1 over [2, 12) and [20, 30).
+        let bookings = vec![
+            during("g0", 0, 5),
+            during("g0", 5, 10),
+            during("g1", 2, 12),
+            during("g1", 20, 30),
+            during("g0", 25, 40),
+        ];
+        let held = NodeCapacity::new(units, bookings, Vec::new(), Vec::new());
+        assert_eq!(&*held.glance.full, &[(2, 10), (25, 30)]);
+        assert!(held.full_over(9, 11) && held.full_over(0, 3) && held.full_over(29, 50));
+        assert!(!held.full_over(10, 25) && !held.full_over(0, 2) && !held.full_over(30, 99));
+        assert!(held.may_hold(reservation_hash("rsv-g1-20")));
+        assert!(!held.holds_spot());
+        // A node with no booking, or none sellable, is never full.
+        assert!(!NodeCapacity::new(node(2), Vec::new(), Vec::new(), Vec::new()).full_over(0, 99));
+        let mut unsellable = node(1);
+        Arc::make_mut(&mut unsellable).units[0].sellable = false;
+        let none = NodeCapacity::new(unsellable, vec![booked("g0", "r")], Vec::new(), Vec::new());
+        assert!(!none.full_over(0, 99));
     }
 }

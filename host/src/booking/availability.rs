@@ -572,7 +572,7 @@ pub async fn availability(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -621,7 +621,7 @@ mod tests {
         }
     }
 
-    fn reservation(gpus: i64, nvlink_all: bool) -> Reservation {
+    pub(in crate::booking) fn reservation(gpus: i64, nvlink_all: bool) -> Reservation {
         let request: CreateRequest = serde_json::from_value(serde_json::json!({
             "tenantId": "tenant-a",
             "poolId": "pool_01jd0000000000000000000000",

@@ -351,6 +351,28 @@ impl Snapshot {
         start < self.end && end > self.start && reservation_id != self.own
     }
 
+    /// The host resources booked on `capacity` over the window by others than the deciding
+    /// reservation: in all, and by work that is not spot (what preemption cannot free).
+    fn host_used(&self, capacity: &NodeCapacity) -> (HostBooking, HostBooking) {
+        let (mut all, mut steady) = (HostBooking::default(), HostBooking::default());
+        for (h, _) in capacity.host_spans().filter(|(h, hash)| {
+            h.start_ms < self.end
+                && h.end_ms > self.start
+                && (*hash != self.own_hash || h.reservation_id != self.own)
+        }) {
+            let booked = HostBooking {
+                vcpu: h.vcpu,
+                memory_gib: h.memory_gib,
+                hugepages_1gi: h.hugepages_1gi,
+            };
+            if !h.spot {
+                steady.add(booked);
+            }
+            all.add(booked);
+        }
+        (all, steady)
+    }
+
     /// Reads node `n` over the window for `r` into `out`.
     fn read_window<'a>(&'a self, n: usize, r: &Reservation, out: &mut NodeWindow<'a>) {
         let capacity = &self.nodes[n];
@@ -369,23 +391,7 @@ impl Snapshot {
                     .get_or_insert(&capacity.bookings[span.booking as usize]);
             }
         }
-        out.host_used = HostBooking::default();
-        out.host_used_steady = HostBooking::default();
-        for (h, _) in capacity.host_spans().filter(|(h, hash)| {
-            h.start_ms < self.end
-                && h.end_ms > self.start
-                && (*hash != self.own_hash || h.reservation_id != self.own)
-        }) {
-            let booked = HostBooking {
-                vcpu: h.vcpu,
-                memory_gib: h.memory_gib,
-                hugepages_1gi: h.hugepages_1gi,
-            };
-            if !h.spot {
-                out.host_used_steady.add(booked);
-            }
-            out.host_used.add(booked);
-        }
+        (out.host_used, out.host_used_steady) = self.host_used(capacity);
         out.allowed.clear();
         out.allowed.resize(units, true);
         let term = crate::node_reservations::Term {
@@ -440,7 +446,7 @@ impl Snapshot {
         let mut nodes: Vec<String> = self
             .nodes
             .iter()
-            .filter(|c| !c.is_lost())
+            .filter(|c| !c.is_lost() && c.holds_spot())
             .filter(|c| {
                 c.bookings
                     .iter()
@@ -572,7 +578,11 @@ impl Snapshot {
                 }
                 continue;
             }
-            if let Some(verdict) = never.fails(self, n, reservation) {
+            let glance = || match preempting {
+                true => None,
+                false => self.at_a_glance(n, reservation),
+            };
+            if let Some(verdict) = never.fails(self, n, reservation).or_else(glance) {
                 if let Some(census) = &mut census {
                     census.count(verdict);
                 }
@@ -807,7 +817,7 @@ impl Snapshot {
                 census.lost += 1;
                 continue;
             }
-            if let Some(verdict) = never.fails(self, n, r) {
+            if let Some(verdict) = never.fails(self, n, r).or_else(|| self.at_a_glance(n, r)) {
                 census.count(verdict);
                 continue;
             }
@@ -815,6 +825,30 @@ impl Snapshot {
             census.count(self.verdict(n, r, &window, &mut by_domain));
         }
         census
+    }
+
+    /// The first constraint node `n` (not lost, and not failing one whatever holds it:
+    /// [`Never`]) fails for `r`, when that can be told without reading its unit bookings:
+    /// it has no node reservations and every sellable unit is held at some time in the
+    /// window by others than `r`. Then it lacks host room, or else it is busy (not wholly
+    /// free, for a node binding).
+    fn at_a_glance(&self, n: usize, r: &Reservation) -> Option<Verdict> {
+        let capacity = &self.nodes[n];
+        let glance = capacity.claims.is_empty()
+            && capacity.full_over(self.start, self.end)
+            && !capacity.may_hold(self.own_hash)
+            && r.request.devices.iter().any(|d| d.count > 0);
+        if !glance {
+            return None;
+        }
+        let (used, _) = self.host_used(capacity);
+        Some(if !has_room(&capacity.node.host, used, r.resources) {
+            Verdict::Host
+        } else if r.binding == super::Binding::Node {
+            Verdict::NotWhole
+        } else {
+            Verdict::Busy
+        })
     }
 
     /// The first constraint node `n`, not lost and read over the window into `window`,
@@ -1198,6 +1232,102 @@ mod tests {
             )
             .unwrap_err()
             .contains("NVLink")
+        );
+    }
+
+    #[test]
+    fn what_a_glance_tells_of_a_node_is_what_reading_its_bookings_finds() {
+        use crate::capacity::HostBooked;
+        use crate::inventory::{HostResources, UnitClass};
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        const HOUR: i64 = 3_600_000;
+        let mut rng = StdRng::seed_from_u64(29);
+        let holders = ["a", "b", "c"];
+        let (mut glanced, mut read) = (0, 0);
+        for case in 0..2_000 {
+            let mut bookings = Vec::new();
+            for unit in 0..8 {
+                let mut at = rng.random_range(0..4);
+                while at < 24 && rng.random_bool(0.9) {
+                    let end = at + rng.random_range(1..12);
+                    bookings.push(Booked {
+                        unit_id: format!("n-g{unit}"),
+                        reservation_id: holders[rng.random_range(0..3)].into(),
+                        spot: false,
+                        start_ms: at * HOUR,
+                        end_ms: end * HOUR,
+                    });
+                    at = end + rng.random_range(0..2);
+                }
+            }
+            let host = (0..rng.random_range(0..3))
+                .map(|_| {
+                    let start_ms = rng.random_range(0..24) * HOUR;
+                    HostBooked {
+                        reservation_id: holders[rng.random_range(0..3)].into(),
+                        spot: false,
+                        vcpu: rng.random_range(0..9),
+                        memory_gib: 0,
+                        hugepages_1gi: 0,
+                        start_ms,
+                        end_ms: start_ms + rng.random_range(1..6) * HOUR,
+                    }
+                })
+                .collect();
+            let units = (0..8)
+                .map(|i| Unit {
+                    id: format!("n-g{i}"),
+                    class: UnitClass::VfioGroup,
+                    device_class: DeviceClass::Gpu,
+                    model: "H100".into(),
+                    memory_gib: 80,
+                    nvlink_domain: Some(format!("d{}", i / 4)),
+                    sellable: true,
+                    labels: Default::default(),
+                })
+                .collect();
+            let resources = HostResources {
+                vcpu: 16,
+                memory_gib: 0,
+                hugepages_1gi: 0,
+            };
+            let node = Arc::new(Node::sample("n", resources, units));
+            let nodes = PoolList {
+                nodes: Arc::new(vec![Arc::new(NodeCapacity::new(
+                    node,
+                    bookings,
+                    host,
+                    Vec::new(),
+                ))]),
+                scan: Default::default(),
+                smallest_share: None,
+            };
+            let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
+            let mut r = super::super::availability::tests::reservation(gpus, gpus <= 4);
+            r.resources.vcpu = rng.random_range(0..9);
+            if rng.random_bool(0.2) {
+                r.binding = super::super::Binding::Node;
+            }
+            // The deciding reservation holds nothing, or some of what is booked.
+            let own = ["", "a", "z"][rng.random_range(0..3)];
+            let start = rng.random_range(0..24) * HOUR;
+            let snapshot =
+                Snapshot::of(nodes, own, start, start + rng.random_range(1..6) * HOUR, 0);
+            let mut window = NodeWindow::default();
+            snapshot.read_window(0, &r, &mut window);
+            let reading = snapshot.verdict(0, &r, &window, &mut Vec::new());
+            match snapshot.at_a_glance(0, &r) {
+                Some(verdict) => {
+                    glanced += 1;
+                    assert_eq!(verdict, reading, "case {case}");
+                }
+                None => read += 1,
+            }
+        }
+        assert!(
+            glanced > 100 && read > 1_000,
+            "{glanced} at a glance, {read} read"
         );
     }
 }
