@@ -128,13 +128,19 @@ impl Glance {
             .map(|s| s.reservation)
             .chain(hashes.iter().copied())
         {
-            holders[(hash >> 6 & 1) as usize] |= 1 << (hash & 63);
+            let (word, bit) = Glance::holder_bit(hash);
+            holders[word] |= bit;
         }
         Glance {
             full: full_intervals(slots, spans).into(),
             holders,
             spot,
         }
+    }
+
+    /// Where [`Glance::holders`] keeps the reservation with hash `hash`: a word and a bit.
+    fn holder_bit(hash: u64) -> (usize, u64) {
+        ((hash >> 6 & 1) as usize, 1 << (hash & 63))
     }
 }
 
@@ -311,7 +317,8 @@ impl NodeCapacity {
     /// Whether the reservation with [`reservation_hash`] `hash` may hold units or host
     /// resources here; `false` only when it holds none.
     pub fn may_hold(&self, hash: u64) -> bool {
-        self.glance.holders[(hash >> 6 & 1) as usize] & (1 << (hash & 63)) != 0
+        let (word, bit) = Glance::holder_bit(hash);
+        self.glance.holders[word] & bit != 0
     }
 
     /// Whether any spot booking holds a unit of the node.

@@ -22,7 +22,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
-use crate::support::{Api, Db, Server, T0, h100_inventory, on_both_databases, register_node};
+use crate::support::{
+    Api, Db, Server, T0, h100_inventory, on_both_databases, register_node, report_node,
+};
 
 on_both_databases!(the_booking_engine_follows_its_model_over_random_operations);
 
@@ -679,16 +681,9 @@ impl Case<'_> {
                 }
             }
             Op::NodeEnd(i) => {
-                if self.model.claims.is_empty() {
-                    return;
-                }
-                let i = i % self.model.claims.len();
+                let Some(i) = self.pick_claim(i) else { return };
+                let (status, answer) = self.claim_call(i, "end", json!({})).await;
                 let c = &self.model.claims[i];
-                let path = format!(
-                    "/v1/nodes/{}/reservations/{}/end",
-                    self.model.nodes[c.node], c.id
-                );
-                let (status, answer) = self.server.admin().post(&path, json!({})).await;
                 let expired = !c.ended && !self.model.claiming(c);
                 if expired {
                     assert_eq!(
@@ -716,25 +711,18 @@ impl Case<'_> {
                 first,
                 count,
             } => {
-                if self.model.claims.is_empty() {
+                let Some(i) = self.pick_claim(claim) else {
                     return;
-                }
-                let i = claim % self.model.claims.len();
+                };
                 let c = &self.model.claims[i];
                 let units: Vec<&String> = c.units.iter().collect();
                 let picked: BTreeSet<String> = (first..first + count.min(units.len()))
                     .map(|u| units[u % units.len()].clone())
                     .collect();
                 let release = matches!(op, Op::NodeRelease { .. });
-                let path = format!(
-                    "/v1/nodes/{}/reservations/{}/{}",
-                    self.model.nodes[c.node],
-                    c.id,
-                    if release { "release" } else { "reclaim" }
-                );
-                let (status, answer) = (self.server.admin())
-                    .post(&path, json!({ "unitIds": picked }))
-                    .await;
+                let action = if release { "release" } else { "reclaim" };
+                let (status, answer) =
+                    (self.claim_call(i, action, json!({ "unitIds": picked }))).await;
                 if !self.model.claiming(c) || c.review {
                     assert_eq!(
                         (status, answer["error"]["code"].as_str()),
@@ -787,22 +775,12 @@ impl Case<'_> {
                         unit["nvlinkDomain"] = json!(format!("nvl{}", g % 2));
                     }
                 }
-                let path = format!("/v1/orgs/{}/provider/nodes/{node}", self.provider_id);
-                let (status, answer) = self.provider.put(&path, inventory).await;
-                assert!(status.is_success(), "{status} {answer}");
+                report_node(&self.provider, &self.provider_id, node, inventory).await;
                 self.model.reported(n);
             }
             Op::Reaffirm(i) => {
-                if self.model.claims.is_empty() {
-                    return;
-                }
-                let i = i % self.model.claims.len();
-                let c = &self.model.claims[i];
-                let path = format!(
-                    "/v1/nodes/{}/reservations/{}/reaffirm",
-                    self.model.nodes[c.node], c.id
-                );
-                let (status, answer) = self.server.admin().post(&path, json!({})).await;
+                let Some(i) = self.pick_claim(i) else { return };
+                let (status, answer) = self.claim_call(i, "reaffirm", json!({})).await;
                 let model = &mut self.model;
                 if model.claiming(&model.claims[i]) && model.claims[i].review {
                     assert_eq!(status, StatusCode::OK, "{answer}");
@@ -820,6 +798,20 @@ impl Case<'_> {
             }
         }
         self.check(&before, op, may_preempt).await;
+    }
+
+    fn pick_claim(&self, i: usize) -> Option<usize> {
+        (!self.model.claims.is_empty()).then(|| i % self.model.claims.len())
+    }
+
+    /// A platform admin's `action` on node reservation `i`.
+    async fn claim_call(&self, i: usize, action: &str, body: Value) -> (StatusCode, Value) {
+        let c = &self.model.claims[i];
+        let path = format!(
+            "/v1/nodes/{}/reservations/{}/{action}",
+            self.model.nodes[c.node], c.id
+        );
+        self.server.admin().post(&path, body).await
     }
 
     async fn call(&self, i: usize, method: &str) -> (StatusCode, Value) {

@@ -578,11 +578,13 @@ pub async fn pools_for_tenant_a(server: &Server, pools: &[&[&str]]) -> Vec<Strin
 
 /// Registers `node` with `gpus` H100s for `org` as `api`, expecting success.
 pub async fn register_node(api: &Api, org: &str, node: &str, gpus: usize) -> Value {
+    report_node(api, org, node, h100_inventory(node, gpus)).await
+}
+
+/// `org` reports `inventory` for `node` (registering it, or reporting it again).
+pub async fn report_node(api: &Api, org: &str, node: &str, inventory: Value) -> Value {
     let (status, body) = api
-        .put(
-            &format!("/v1/orgs/{org}/provider/nodes/{node}"),
-            h100_inventory(node, gpus),
-        )
+        .put(&format!("/v1/orgs/{org}/provider/nodes/{node}"), inventory)
         .await;
     assert!(status.is_success(), "{status} {body}");
     body

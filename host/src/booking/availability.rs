@@ -584,7 +584,7 @@ pub(super) mod tests {
     const HOUR: i64 = 3_600_000;
 
     /// A node of 8 GPUs in two NVLink domains of 4 (units `<id>-g0` … `<id>-g7`).
-    fn node(id: &str, bookings: Vec<Booked>) -> Arc<NodeCapacity> {
+    pub(in crate::booking) fn node(id: &str, bookings: Vec<Booked>) -> Arc<NodeCapacity> {
         node_in_domains(id, 4, bookings)
     }
 

@@ -1237,8 +1237,9 @@ mod tests {
 
     #[test]
     fn what_a_glance_tells_of_a_node_is_what_reading_its_bookings_finds() {
+        use super::super::availability::tests;
         use crate::capacity::HostBooked;
-        use crate::inventory::{HostResources, UnitClass};
+        use crate::inventory::HostResources;
         use rand::rngs::StdRng;
         use rand::{Rng, SeedableRng};
         const HOUR: i64 = 3_600_000;
@@ -1275,18 +1276,8 @@ mod tests {
                     }
                 })
                 .collect();
-            let units = (0..8)
-                .map(|i| Unit {
-                    id: format!("n-g{i}"),
-                    class: UnitClass::VfioGroup,
-                    device_class: DeviceClass::Gpu,
-                    model: "H100".into(),
-                    memory_gib: 80,
-                    nvlink_domain: Some(format!("d{}", i / 4)),
-                    sellable: true,
-                    labels: Default::default(),
-                })
-                .collect();
+            // The availability tests' node of 8 GPUs in two NVLink domains, with a host.
+            let units = (tests::node("n", Vec::new()).node.units).clone();
             let resources = HostResources {
                 vcpu: 16,
                 memory_gib: 0,
@@ -1304,7 +1295,7 @@ mod tests {
                 smallest_share: None,
             };
             let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
-            let mut r = super::super::availability::tests::reservation(gpus, gpus <= 4);
+            let mut r = tests::reservation(gpus, gpus <= 4);
             r.resources.vcpu = rng.random_range(0..9);
             if rng.random_bool(0.2) {
                 r.binding = super::super::Binding::Node;
