@@ -307,11 +307,15 @@ impl NodeCapacity {
         self.lost
     }
 
-    /// Whether every sellable unit of the node is held at some time in `[start, end)` (so
-    /// each is held over that window), counting the bookings of every reservation that
-    /// [`NodeCapacity::may_hold`] names.
-    pub fn full_over(&self, start: i64, end: i64) -> bool {
-        self.glance.full.iter().any(|(s, e)| *s < end && *e > start)
+    /// Where every sellable unit of the node is held at some time in `[start, end)` (so no
+    /// unit is free over that window): until when all of them are, from the first such
+    /// time in it. No window overlapping `[start, end)` that starts before then is free on
+    /// any unit either. Counts the bookings of every reservation [`NodeCapacity::may_hold`]
+    /// names.
+    pub fn full_until(&self, start: i64, end: i64) -> Option<i64> {
+        (self.glance.full.iter())
+            .find(|(s, e)| *s < end && *e > start)
+            .map(|(_, e)| *e)
     }
 
     /// Whether the reservation with [`reservation_hash`] `hash` may hold units or host
@@ -1674,15 +1678,18 @@ mod tests {
         ];
         let held = NodeCapacity::new(units, bookings, Vec::new(), Vec::new());
         assert_eq!(&*held.glance.full, &[(2, 10), (25, 30)]);
-        assert!(held.full_over(9, 11) && held.full_over(0, 3) && held.full_over(29, 50));
-        assert!(!held.full_over(10, 25) && !held.full_over(0, 2) && !held.full_over(30, 99));
+        let until = |start, end| held.full_until(start, end);
+        assert_eq!((until(9, 11), until(0, 3), until(29, 50)), (Some(10), Some(10), Some(30)));
+        assert_eq!((until(10, 25), until(0, 2), until(30, 99)), (None, None, None));
+        assert_eq!(until(0, 99), Some(10), "the first full interval in the window");
         assert!(held.may_hold(reservation_hash("rsv-g1-20")));
         assert!(!held.holds_spot());
         // A node with no booking, or none sellable, is never full.
-        assert!(!NodeCapacity::new(node(2), Vec::new(), Vec::new(), Vec::new()).full_over(0, 99));
+        let idle = NodeCapacity::new(node(2), Vec::new(), Vec::new(), Vec::new());
+        assert_eq!(idle.full_until(0, 99), None);
         let mut unsellable = node(1);
         Arc::make_mut(&mut unsellable).units[0].sellable = false;
         let none = NodeCapacity::new(unsellable, vec![booked("g0", "r")], Vec::new(), Vec::new());
-        assert!(!none.full_over(0, 99));
+        assert_eq!(none.full_until(0, 99), None);
     }
 }

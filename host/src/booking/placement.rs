@@ -828,19 +828,12 @@ impl Snapshot {
     }
 
     /// The first constraint node `n` (not lost, and not failing one whatever holds it:
-    /// [`Never`]) fails for `r`, when that can be told without reading its unit bookings:
-    /// it has no node reservations and every sellable unit is held at some time in the
-    /// window by others than `r`. Then it lacks host room, or else it is busy (not wholly
-    /// free, for a node binding).
+    /// [`Never`]) fails for `r`, when that can be told without reading its unit bookings
+    /// ([`held_until`]): it lacks host room, or else it is busy (not wholly free, for a node
+    /// binding).
     fn at_a_glance(&self, n: usize, r: &Reservation) -> Option<Verdict> {
         let capacity = &self.nodes[n];
-        let glance = capacity.claims.is_empty()
-            && capacity.full_over(self.start, self.end)
-            && !capacity.may_hold(self.own_hash)
-            && r.request.devices.iter().any(|d| d.count > 0);
-        if !glance {
-            return None;
-        }
+        held_until(capacity, r, self.own_hash, (self.start, self.end))?;
         let (used, _) = self.host_used(capacity);
         Some(if !has_room(&capacity.node.host, used, r.resources) {
             Verdict::Host
@@ -959,6 +952,25 @@ impl Snapshot {
             smallest_share: self.smallest_share,
         }
     }
+}
+
+/// Where no unit of `capacity` could take `r` over `[start, end)`, as told without reading
+/// its unit bookings: it has no node reservations, `r` (with [`reservation_hash`]
+/// `own_hash`) holds nothing there and asks for devices, and every sellable unit is held
+/// at some time in the window. Answers until when all of them are
+/// ([`NodeCapacity::full_until`]).
+///
+/// [`reservation_hash`]: crate::capacity::reservation_hash
+pub(super) fn held_until(
+    capacity: &NodeCapacity,
+    r: &Reservation,
+    own_hash: u64,
+    (start, end): (i64, i64),
+) -> Option<i64> {
+    let glance = capacity.claims.is_empty()
+        && !capacity.may_hold(own_hash)
+        && r.request.devices.iter().any(|d| d.count > 0);
+    glance.then(|| capacity.full_until(start, end)).flatten()
 }
 
 /// Whether `unit` of `node` satisfies a device entry: its class, and the selector's model,
