@@ -1679,9 +1679,19 @@ mod tests {
         let held = NodeCapacity::new(units, bookings, Vec::new(), Vec::new());
         assert_eq!(&*held.glance.full, &[(2, 10), (25, 30)]);
         let until = |start, end| held.full_until(start, end);
-        assert_eq!((until(9, 11), until(0, 3), until(29, 50)), (Some(10), Some(10), Some(30)));
-        assert_eq!((until(10, 25), until(0, 2), until(30, 99)), (None, None, None));
-        assert_eq!(until(0, 99), Some(10), "the first full interval in the window");
+        assert_eq!(
+            (until(9, 11), until(0, 3), until(29, 50)),
+            (Some(10), Some(10), Some(30))
+        );
+        assert_eq!(
+            (until(10, 25), until(0, 2), until(30, 99)),
+            (None, None, None)
+        );
+        assert_eq!(
+            until(0, 99),
+            Some(10),
+            "the first full interval in the window"
+        );
         assert!(held.may_hold(reservation_hash("rsv-g1-20")));
         assert!(!held.holds_spot());
         // A node with no booking, or none sellable, is never full.

@@ -18,18 +18,21 @@ use serde_json::json;
 
 use crate::audit::{self, Entry};
 use crate::booking::binding;
-use crate::booking::lifecycle::{audit_move, commit_ended, terminate};
+use crate::booking::lifecycle::{audit_move, commit_ended, push_audit_move, terminate};
 use crate::booking::place;
 use crate::booking::store::{self, Reservation};
 use crate::booking::{Binding, State};
 use crate::iam::Principal;
 use crate::iam::confirmations::CONFIRMATION_WINDOW_MS;
+use crate::store::Batch;
 use crate::{App, Result, events};
 
 /// How long a draft left by a create that did not go through is kept, by the server clock.
 pub const DRAFT_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
 /// Drafts deleted per transaction.
 const DRAFT_SWEEP_BATCH: i64 = 500;
+/// Reservations started per transaction ([`start`]).
+const START_BATCH: usize = 200;
 
 /// One pass over every reservation that time may move. Each reservation moves in its own
 /// transaction, conditional on the version the pass read: a reservation another replica (or
@@ -56,15 +59,22 @@ pub async fn run_once(app: &App) -> Result<()> {
     // Pending reservations due for another attempt, by pool: tried after every other move,
     // with what those freed, a pool's together.
     let mut retries: BTreeMap<String, Vec<Reservation>> = BTreeMap::new();
+    let mut starting = Vec::new();
     for r in work {
         let id = r.id.clone();
         match advance(app, r, now).await {
             Ok(Next::Freed(pool, nodes)) => freed.entry(pool).or_default().extend(nodes),
+            Ok(Next::Start(r)) => starting.push(*r),
             Ok(Next::Retry(r)) => retries.entry(r.pool_id.clone()).or_default().push(*r),
             Ok(Next::Nothing) => {}
             Err(err) => {
                 tracing::warn!(reservation = %id, error = %format_args!("{err:#}"), "reconciler move failed")
             }
+        }
+    }
+    for batch in starting.chunks(START_BATCH) {
+        if let Err(err) = start(app, batch).await {
+            tracing::warn!(reservations = batch.len(), error = %format_args!("{err:#}"), "reconciler starts failed");
         }
     }
     let pools: BTreeSet<String> = freed.keys().chain(retries.keys()).cloned().collect();
@@ -152,6 +162,8 @@ enum Next {
     Nothing,
     /// It freed capacity in the pool, on the nodes.
     Freed(String, Vec<String>),
+    /// It is placed and its window has started ([`start`]).
+    Start(Box<Reservation>),
     /// It is pending and due for another attempt.
     Retry(Box<Reservation>),
 }
@@ -181,14 +193,11 @@ async fn advance(app: &App, r: Reservation, now: i64) -> Result<Next> {
             false => Next::Nothing,
         });
     }
-    match r.state {
-        State::Placed if r.start_ms <= now => activate(app, r).await?,
-        State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => {
-            return Ok(Next::Retry(Box::new(r)));
-        }
-        _ => {}
-    }
-    Ok(Next::Nothing)
+    Ok(match r.state {
+        State::Placed if r.start_ms <= now => Next::Start(Box::new(r)),
+        State::Pending if r.next_attempt_ms.is_none_or(|t| t <= now) => Next::Retry(Box::new(r)),
+        _ => Next::Nothing,
+    })
 }
 
 /// Ends `r` (as the pass read it) in `state`; answers whether this replica moved it.
@@ -211,31 +220,45 @@ async fn finish(app: &App, mut r: Reservation, state: State, reason: &str) -> Re
     Ok(true)
 }
 
-/// A held reservation becomes active at its start (`hold` needs no node to bind); a `node`
-/// or `kubernetes` one starts `binding`, and its node is asked to bind it.
-async fn activate(app: &App, mut r: Reservation) -> Result<()> {
+/// Placed reservations whose windows have started, as the pass read them: a held one
+/// becomes active (`hold` needs no node to bind); a `node` or `kubernetes` one starts
+/// `binding`, and its node is asked to bind it. One transaction and two round trips for
+/// the lot: each update conditional on the version read, then, for those that matched, the
+/// events, audit entries and bind requests. One changed since (extended, released, …) is
+/// left for the next pass to decide.
+async fn start(app: &App, due: &[Reservation]) -> Result<()> {
     let now = app.now_ms();
     let mut tx = app.store.begin().await?;
-    let hold = r.binding == Binding::Hold;
-    let name = if hold { "activate" } else { "bind" };
-    r.state = if hold { State::Active } else { State::Binding };
-    r.operate(name, now);
-    if !store::update(&mut tx, &mut r).await? {
-        // Changed since the pass read it (extended, released, …): the next pass decides.
-        tx.rollback().await?;
-        return Ok(());
+    let mut updates = Batch::on(&tx);
+    let moved: Vec<Reservation> = (due.iter().cloned())
+        .map(|mut r| {
+            let hold = r.binding == Binding::Hold;
+            r.state = if hold { State::Active } else { State::Binding };
+            r.operate(if hold { "activate" } else { "bind" }, now);
+            store::push_update(&mut updates, &r);
+            r
+        })
+        .collect();
+    let matched = updates.execute(&mut tx).await?;
+    let mut effects = Batch::on(&tx);
+    for (mut r, _) in moved
+        .into_iter()
+        .zip(matched)
+        .filter(|(_, rows)| *rows == 1)
+    {
+        r.version += 1;
+        let (name, kind) = match r.binding {
+            Binding::Hold => ("activate", "reservation.active"),
+            Binding::Node | Binding::Kubernetes => {
+                binding::push_request_bind(&mut effects, &r, now);
+                ("bind", "reservation.binding")
+            }
+        };
+        let payload = json!({ "reservation": r.view() });
+        events::push(&mut effects, kind, &r.id, &[&r.tenant_id], &payload, now);
+        push_audit_move(&mut effects, &r, name, now);
     }
-    if !hold {
-        binding::request_bind(&mut tx, &r, now).await?;
-    }
-    let payload = json!({ "reservation": r.view() });
-    let kind = if hold {
-        "reservation.active"
-    } else {
-        "reservation.binding"
-    };
-    events::emit(&mut tx, kind, &r.id, &[&r.tenant_id], &payload, now).await?;
-    audit_move(&mut tx, &r, name, now).await?;
+    effects.execute(&mut tx).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -143,6 +143,7 @@ async fn booked_window(server: &Server, id: &Value) -> (i64, i64) {
 }
 
 on_both_databases!(
+    reservations_starting_together_on_every_replica_while_released_start_once,
     reservations_ending_together_on_every_replica_are_refunded_once,
     an_extend_racing_activation_is_never_lost,
     an_extend_racing_a_create_answers_available_until_not_500,
@@ -256,6 +257,63 @@ async fn reservations_ending_together_on_every_replica_are_refunded_once(db: Db)
     let later = f.create(1, f.ask("k-after", 8, Some(end + HOUR))).await;
     f.set_clocks(end + HOUR).await;
     assert_eq!(f.get(&later["id"]).await["state"], "active");
+    invariants::check(&f.servers[0]).await;
+}
+
+/// 90 placed reservations start at the same millisecond while every replica reconciles
+/// (the pass starts them in batches) and the tenant releases a third of them: each that
+/// started did so once, with one event and one audit entry, and none released before its
+/// start was started after it.
+async fn reservations_starting_together_on_every_replica_while_released_start_once(db: Db) {
+    let f = fleet(db, 12, 200, json!({})).await;
+    let start = T0 + HOUR;
+    let mut ids = Vec::new();
+    for i in 0..90 {
+        let r = f.create(i, f.ask(&format!("k-{i}"), 1, Some(start))).await;
+        assert_eq!(r["state"], "placed", "{r}");
+        ids.push(r["id"].as_str().unwrap().to_string());
+    }
+    let mut races: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+        Vec::new();
+    for server in &f.servers {
+        let admin = server.admin();
+        races.push(Box::pin(async move {
+            let (status, body) = admin.post("/v1/clock", json!({ "nowMs": start })).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }));
+    }
+    for (i, id) in ids.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        let (tenant, id) = (f.tenant(i), id.clone());
+        races.push(Box::pin(async move {
+            let body = json!({ "tenantId": "tenant-a", "reservationId": id });
+            let (status, body) = rpc(&tenant, "release", body).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }));
+    }
+    all(races).await;
+    let mut db = crate::support::connect(&f.servers[0].database_url()).await;
+    for (i, id) in ids.iter().enumerate() {
+        let state = f.get(&json!(id)).await["state"].clone();
+        let (events, audited): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT COUNT(*) FROM events WHERE object_id = $1 AND type = 'reservation.active'),
+                    (SELECT COUNT(*) FROM audit_log WHERE object_id = $1 AND action = 'compute-reservation.activate')",
+        )
+        .bind(id)
+        .fetch_one(&mut db)
+        .await
+        .unwrap();
+        match i % 3 {
+            0 => assert!(
+                state == "released" && events <= 1,
+                "{id}: {state}, {events} starts"
+            ),
+            _ => assert!(
+                state == "active" && events == 1,
+                "{id}: {state}, {events} starts"
+            ),
+        }
+        assert_eq!(audited, events, "{id}: one audit entry a start");
+    }
     invariants::check(&f.servers[0]).await;
 }
 

@@ -34,7 +34,7 @@ use super::store::{self, Reservation};
 use super::{Binding, HostBooking, State, check_reservation_id};
 use crate::audit::{self, Entry};
 use crate::iam::{Permission, Principal};
-use crate::store::violates;
+use crate::store::{Batch, violates};
 use crate::{App, Error, Result, events, validation};
 
 mod carry;
@@ -345,21 +345,20 @@ fn binding_str(binding: Binding) -> &'static str {
     }
 }
 
-/// Asks the reservation's node to bind it (the reconciler's `placed → binding`).
-pub async fn request_bind(conn: &mut AnyConnection, r: &Reservation, now: i64) -> Result<()> {
-    let node = r.node_id.clone().unwrap_or_default();
-    sqlx::query(
+/// Adds to `batch` the request that the reservation's node bind it (the reconciler's
+/// `placed → binding`).
+pub fn push_request_bind(batch: &mut Batch, r: &Reservation, now: i64) {
+    batch.push(
         "INSERT INTO reservation_bindings (reservation_id, node_id, binding, status, requested_at, updated_at)
          VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (reservation_id) DO NOTHING",
-    )
-    .bind(&r.id)
-    .bind(&node)
-    .bind(binding_str(r.binding))
-    .bind(BindingStatus::Binding.as_str())
-    .bind(now)
-    .execute(conn)
-    .await?;
-    Ok(())
+        vec![
+            (&r.id).into(),
+            r.node_id.as_deref().unwrap_or_default().into(),
+            binding_str(r.binding).into(),
+            BindingStatus::Binding.as_str().into(),
+            now.into(),
+        ],
+    );
 }
 
 /// Part of ending `r` in `state` for `reason`: asks its node to unbind, or records why it

@@ -105,15 +105,25 @@ pub async fn audit_move(
     name: &str,
     now: i64,
 ) -> Result<()> {
-    let entry = Entry {
+    let action = format!("compute-reservation.{name}");
+    audit::record(conn, &Principal::system(), move_entry(r, &action), now).await
+}
+
+/// Adds the audit entry of a move the server made on its own ([`audit_move`]) to `batch`.
+pub fn push_audit_move(batch: &mut Batch, r: &Reservation, name: &str, now: i64) {
+    let action = format!("compute-reservation.{name}");
+    audit::push(batch, &Principal::system(), move_entry(r, &action), now);
+}
+
+fn move_entry<'a>(r: &'a Reservation, action: &'a str) -> Entry<'a> {
+    Entry {
         org_id: &r.tenant_id,
-        action: &format!("compute-reservation.{name}"),
+        action,
         object_type: "compute-reservation",
         object_id: &r.id,
         reason: r.reason.as_deref(),
         details: Some(json!({ "state": r.state })),
-    };
-    audit::record(conn, &Principal::system(), entry, now).await
+    }
 }
 
 /// Loads a reservation of `tenant` for a method that needs `permission`; callers decide
