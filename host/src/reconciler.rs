@@ -32,7 +32,7 @@ pub const DRAFT_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
 /// Drafts deleted per transaction.
 const DRAFT_SWEEP_BATCH: i64 = 500;
 /// Reservations started per transaction ([`start`]).
-const START_BATCH: usize = 200;
+const START_BATCH: usize = 50;
 
 /// One pass over every reservation that time may move. Each reservation moves in its own
 /// transaction, conditional on the version the pass read: a reservation another replica (or
