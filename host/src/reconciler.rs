@@ -34,10 +34,10 @@ const DRAFT_SWEEP_BATCH: i64 = 500;
 /// Reservations started per transaction ([`start`]).
 const START_BATCH: usize = 50;
 
-/// One pass over every reservation that time may move. Each reservation moves in its own
-/// transaction, conditional on the version the pass read: a reservation another replica (or
-/// a request) changed meanwhile is left for the next pass, and a move that fails is logged
-/// and never stops the others.
+/// One pass over every reservation that time may move. Each move is conditional on the
+/// version the pass read (an end in a transaction of its own, starts [`START_BATCH`] to a
+/// transaction): a reservation another replica (or a request) changed meanwhile is left for
+/// the next pass, and a move that fails is logged and never stops the others.
 pub async fn run_once(app: &App) -> Result<()> {
     let now = app.now_ms();
     let started = std::time::Instant::now();
@@ -232,9 +232,9 @@ async fn start(app: &App, due: &[Reservation]) -> Result<()> {
     let mut updates = Batch::on(&tx);
     let moved: Vec<Reservation> = (due.iter().cloned())
         .map(|mut r| {
-            let hold = r.binding == Binding::Hold;
-            r.state = if hold { State::Active } else { State::Binding };
-            r.operate(if hold { "activate" } else { "bind" }, now);
+            let (state, name, _) = started(r.binding);
+            r.state = state;
+            r.operate(name, now);
             store::push_update(&mut updates, &r);
             r
         })
@@ -247,13 +247,10 @@ async fn start(app: &App, due: &[Reservation]) -> Result<()> {
         .filter(|(_, rows)| *rows == 1)
     {
         r.version += 1;
-        let (name, kind) = match r.binding {
-            Binding::Hold => ("activate", "reservation.active"),
-            Binding::Node | Binding::Kubernetes => {
-                binding::push_request_bind(&mut effects, &r, now);
-                ("bind", "reservation.binding")
-            }
-        };
+        let (_, name, kind) = started(r.binding);
+        if r.binding != Binding::Hold {
+            binding::push_request_bind(&mut effects, &r, now);
+        }
         let payload = json!({ "reservation": r.view() });
         events::push(&mut effects, kind, &r.id, &[&r.tenant_id], &payload, now);
         push_audit_move(&mut effects, &r, name, now);
@@ -261,6 +258,15 @@ async fn start(app: &App, due: &[Reservation]) -> Result<()> {
     effects.execute(&mut tx).await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// What starting a reservation of `binding` moves it to: its state, the move's name and
+/// the event announcing it.
+fn started(binding: Binding) -> (State, &'static str, &'static str) {
+    match binding {
+        Binding::Hold => (State::Active, "activate", "reservation.active"),
+        Binding::Node | Binding::Kubernetes => (State::Binding, "bind", "reservation.binding"),
+    }
 }
 
 /// Freed capacity: tries the pool's pending reservations again, oldest first. `freed` are
