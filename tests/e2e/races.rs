@@ -89,6 +89,19 @@ impl Fleet {
         r
     }
 
+    /// `count` reservations of 1 GPU from `start` (keys `k-0`, …), each placed: their ids.
+    pub async fn placed(&self, count: usize, start: i64) -> Vec<Value> {
+        let mut ids = Vec::new();
+        for i in 0..count {
+            let r = self
+                .create(i, self.ask(&format!("k-{i}"), 1, Some(start)))
+                .await;
+            assert_eq!(r["state"], "placed", "{r}");
+            ids.push(r["id"].clone());
+        }
+        ids
+    }
+
     pub async fn get(&self, id: &Value) -> Value {
         let (status, r) = rpc(
             &self.tenant(0),
@@ -267,12 +280,7 @@ async fn reservations_ending_together_on_every_replica_are_refunded_once(db: Db)
 async fn reservations_starting_together_on_every_replica_while_released_start_once(db: Db) {
     let f = fleet(db, 12, 200, json!({})).await;
     let start = T0 + HOUR;
-    let mut ids = Vec::new();
-    for i in 0..90 {
-        let r = f.create(i, f.ask(&format!("k-{i}"), 1, Some(start))).await;
-        assert_eq!(r["state"], "placed", "{r}");
-        ids.push(r["id"].as_str().unwrap().to_string());
-    }
+    let ids = f.placed(90, start).await;
     let mut races: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
         Vec::new();
     for server in &f.servers {
@@ -293,12 +301,12 @@ async fn reservations_starting_together_on_every_replica_while_released_start_on
     all(races).await;
     let mut db = crate::support::connect(&f.servers[0].database_url()).await;
     for (i, id) in ids.iter().enumerate() {
-        let state = f.get(&json!(id)).await["state"].clone();
+        let state = f.get(id).await["state"].clone();
         let (events, audited): (i64, i64) = sqlx::query_as(
             "SELECT (SELECT COUNT(*) FROM events WHERE object_id = $1 AND type = 'reservation.active'),
                     (SELECT COUNT(*) FROM audit_log WHERE object_id = $1 AND action = 'compute-reservation.activate')",
         )
-        .bind(id)
+        .bind(id.as_str().unwrap())
         .fetch_one(&mut db)
         .await
         .unwrap();
@@ -322,12 +330,7 @@ async fn reservations_starting_together_on_every_replica_while_released_start_on
 async fn an_extend_racing_activation_is_never_lost(db: Db) {
     let f = fleet(db, 4, 64, json!({})).await;
     let start = T0 + HOUR;
-    let mut ids = Vec::new();
-    for i in 0..30 {
-        let r = f.create(i, f.ask(&format!("k-{i}"), 1, Some(start))).await;
-        assert_eq!(r["state"], "placed", "{r}");
-        ids.push(r["id"].clone());
-    }
+    let ids = f.placed(30, start).await;
     let mut extends = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let tenant = f.tenant(i);
