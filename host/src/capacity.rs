@@ -758,11 +758,6 @@ pub enum Since {
 }
 
 impl Since {
-    /// With the position of the change feed read again in the transaction after its last
-    /// change to capacity (the same [`View::since_sql`]), for a transaction whose every
-    /// change to capacity is laid onto the view: on SQLite every row up to it is then
-    /// known to be the transaction's, for nodes laid on, and [`View::apply`] need not read
-    /// them.
     /// What a transaction whose changes came in parts, `self` first and `later` last (the
     /// members of a group commit), lays on: from the first part's start to the last one's
     /// end.
@@ -773,6 +768,11 @@ impl Since {
         }
     }
 
+    /// With the position of the change feed read again in the transaction after its last
+    /// change to capacity (the same [`View::since_sql`]), for a transaction whose every
+    /// change to capacity is laid onto the view: on SQLite every row up to it is then
+    /// known to be the transaction's, for nodes laid on, and [`View::apply`] need not read
+    /// them.
     pub fn until(self, value: i64) -> Since {
         match self {
             Since::Rows { after, .. } => Since::Rows {

@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::audit::{self, Entry};
 use crate::booking::binding;
-use crate::booking::lifecycle::{audit_move, commit_ended, push_audit_move, terminate};
+use crate::booking::lifecycle::{Ending, end, push_audit_move};
 use crate::booking::place;
 use crate::booking::store::{self, Reservation};
 use crate::booking::{Binding, State};
@@ -201,23 +201,23 @@ async fn advance(app: &App, r: Reservation, now: i64) -> Result<Next> {
 }
 
 /// Ends `r` (as the pass read it) in `state`; answers whether this replica moved it.
-async fn finish(app: &App, mut r: Reservation, state: State, reason: &str) -> Result<bool> {
-    let now = app.now_ms();
-    let mut tx = app.store.begin().await?;
-    let since = app.capacity.since(&mut tx).await?;
-    if !terminate(&mut tx, &mut r, state, reason, now).await? {
-        tx.rollback().await?;
-        return Ok(false);
-    }
-    if reason == "confirmation-timeout" {
-        sqlx::query("UPDATE confirmations SET state = 'expired' WHERE reservation_id = $1 AND state = 'pending'")
-            .bind(&r.id)
-            .execute(&mut **tx)
-            .await?;
-    }
-    audit_move(&mut tx, &r, reason, now).await?;
-    commit_ended(app, tx, since, &r).await?;
-    Ok(true)
+async fn finish(app: &App, r: Reservation, state: State, reason: &str) -> Result<bool> {
+    let action = format!("compute-reservation.{reason}");
+    let ending = Ending {
+        state,
+        reason,
+        by: &Principal::system(),
+        action: &action,
+    };
+    let ended = end(app, r, ending, |batch, r| {
+        if reason == "confirmation-timeout" {
+            batch.push(
+                "UPDATE confirmations SET state = 'expired' WHERE reservation_id = $1 AND state = 'pending'",
+                vec![(&r.id).into()],
+            );
+        }
+    });
+    Ok(ended.await?.is_some())
 }
 
 /// Placed reservations whose windows have started, as the pass read them: a held one

@@ -5,9 +5,9 @@ use serde_json::json;
 use sqlx::{AnyConnection, Row as _};
 
 use super::engine::{
-    CREATE, Laying, attributes, bookable_pool, commit_laying, emit, not_found, placement_event,
-    push_event,
+    CREATE, Laying, attributes, bookable_pool, emit, not_found, placement_event, push_event,
 };
+use super::group::Writer;
 use super::place;
 use super::store::{self, ComputeReservation, Reservation};
 use std::collections::BTreeMap;
@@ -622,7 +622,7 @@ async fn charge_and_place(
     for attempt in 0..place::PLACE_ATTEMPTS {
         // Held in the view until the placement commits (or not).
         let (decided, _assumed) = place::decide(app, (pool, at), &r).await?;
-        let mut writer = Writer::for_decision(app, &decided).await?;
+        let mut writer = writer_for(app, &decided).await?;
         let write = write_placement(app, &mut writer, &placing, &terms, &mut r, decided, attempt);
         match write.await {
             Ok(Written::Keep {
@@ -660,71 +660,16 @@ async fn charge_and_place(
     unreachable!("the last placement attempt never asks to decide again")
 }
 
-/// Where a placement attempt writes: with the creates writing at the same time
+/// Where a placement attempt writes: with the writes made at the same time
 /// ([`super::group`]), or alone, when it may terminate spot work: a preemption chooses its
 /// victims on what the database holds, so it must see every placement before it committed.
-enum Writer {
-    Member(super::group::Member),
-    Alone(crate::store::Tx),
-}
-
-impl Writer {
-    async fn for_decision(app: &App, decided: &place::Decided) -> Result<Writer> {
-        Ok(match decided {
-            place::Decided::NoFit { spot_nodes, .. } if !spot_nodes.is_empty() => {
-                Writer::Alone(app.store.begin().await?)
-            }
-            _ => Writer::Member(app.placements.join(&app.store).await?),
-        })
-    }
-
-    /// The transaction to write in, once [`Writer::start`] (or [`Writer::begin_in`]) began
-    /// the writes.
-    fn conn(&mut self) -> &mut AnyConnection {
-        match self {
-            Writer::Member(member) => member.conn(),
-            Writer::Alone(tx) => tx,
+async fn writer_for(app: &App, decided: &place::Decided) -> Result<Writer> {
+    Ok(match decided {
+        place::Decided::NoFit { spot_nodes, .. } if !spot_nodes.is_empty() => {
+            Writer::Alone(app.store.begin().await?)
         }
-    }
-
-    /// Begins the writes (a member's savepoint) now, unless they were begun.
-    async fn start(&mut self) -> Result<()> {
-        match self {
-            Writer::Member(member) => match member.savepoint_due() {
-                Some(savepoint) => {
-                    sqlx::Executor::execute(member.conn(), savepoint).await?;
-                    Ok(())
-                }
-                None => Ok(()),
-            },
-            Writer::Alone(_) => Ok(()),
-        }
-    }
-
-    /// Has `batch`, about to run, begin the writes in its round trip, unless they were
-    /// begun.
-    fn begin_in(&mut self, batch: &mut Batch) {
-        if let Writer::Member(member) = self
-            && let Some(savepoint) = member.savepoint_due()
-        {
-            batch.open_with(savepoint);
-        }
-    }
-
-    /// Commits what was written (with the group, or now) and lays `laying` onto the view.
-    async fn keep(self, app: &App, since: Since, laying: Laying) -> Result<()> {
-        match self {
-            Writer::Member(member) => member.keep(since, laying).await,
-            Writer::Alone(tx) => commit_laying(app, tx, since, laying).await,
-        }
-    }
-
-    async fn drop_writes(self) -> Result<()> {
-        match self {
-            Writer::Member(member) => member.drop_writes().await,
-            Writer::Alone(tx) => Ok(tx.rollback().await?),
-        }
-    }
+        _ => Writer::Member(app.placements.join(&app.store).await?),
+    })
 }
 
 /// What a create charges: the charge, the offer's quota limits, and the spending the

@@ -118,18 +118,6 @@ pub(super) async fn commit_laying(
     Ok(())
 }
 
-/// Commits `tx` and lays what it changed on nodes (`changes`, by node) onto the capacity
-/// view; `since` was read in `tx` before it changed capacity.
-pub(super) async fn commit_with(
-    app: &App,
-    tx: crate::store::Tx,
-    since: Since,
-    changes: Vec<(String, Change)>,
-) -> Result<()> {
-    let laying = laying(app, changes).await;
-    commit_laying(app, tx, since, laying).await
-}
-
 pub(super) async fn lock_pool(app: &App, conn: &mut AnyConnection, pool_id: &str) -> Result<()> {
     sqlx::query(&format!(
         "SELECT id FROM pools WHERE id = $1{}",

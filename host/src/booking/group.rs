@@ -1,5 +1,6 @@
 //! Group commit: creates whose placements are written at the same time share one write
-//! transaction and one commit.
+//! transaction and one commit (and on SQLite, reservations ended meanwhile:
+//! [`super::lifecycle::end`]).
 //!
 //! A create writes its placement as a member of the open group: in the group's transaction,
 //! under a savepoint of its own, so that a member that loses (an overlap, a quota it does
@@ -180,6 +181,14 @@ impl Member {
         (!std::mem::replace(&mut self.started, true)).then_some(SAVEPOINT)
     }
 
+    /// Has `batch`, about to run, begin this member's writes in its round trip (SQLite),
+    /// unless they were begun.
+    pub(crate) fn begin_in(&mut self, batch: &mut crate::store::Batch) {
+        if let Some(savepoint) = self.savepoint_due() {
+            batch.open_with(savepoint);
+        }
+    }
+
     /// Keeps this member's writes: they commit with the group, and `laying` (read in the
     /// transaction from `since`) is laid onto the view then. Answers once the group has
     /// committed.
@@ -238,6 +247,58 @@ impl Drop for Member {
                 }
             }
         });
+    }
+}
+
+/// Where a transaction's writes go: into the open group ([`Group::join`]), or alone, in a
+/// transaction of their own that commits by itself.
+pub(crate) enum Writer {
+    Member(Member),
+    Alone(Tx),
+}
+
+impl Writer {
+    /// The transaction to write in, once [`Writer::start`] (or [`Writer::begin_in`]) began
+    /// the writes.
+    pub(crate) fn conn(&mut self) -> &mut AnyConnection {
+        match self {
+            Writer::Member(member) => member.conn(),
+            Writer::Alone(tx) => tx,
+        }
+    }
+
+    /// Begins the writes (a member's savepoint) now, unless they were begun.
+    pub(crate) async fn start(&mut self) -> Result<()> {
+        match self {
+            Writer::Member(member) => match member.savepoint_due() {
+                Some(savepoint) => execute(member.conn(), savepoint).await,
+                None => Ok(()),
+            },
+            Writer::Alone(_) => Ok(()),
+        }
+    }
+
+    /// Has `batch`, about to run, begin the writes in its round trip, unless they were
+    /// begun.
+    pub(crate) fn begin_in(&mut self, batch: &mut crate::store::Batch) {
+        if let Writer::Member(member) = self {
+            member.begin_in(batch);
+        }
+    }
+
+    /// Commits what was written (with the group, or now) and lays `laying` onto the view.
+    pub(crate) async fn keep(self, app: &crate::App, since: Since, laying: Laying) -> Result<()> {
+        match self {
+            Writer::Member(member) => member.keep(since, laying).await,
+            Writer::Alone(tx) => super::engine::commit_laying(app, tx, since, laying).await,
+        }
+    }
+
+    pub(crate) async fn drop_writes(self) -> Result<()> {
+        match self {
+            Writer::Member(member) => member.drop_writes().await,
+            Writer::Alone(tx) => Ok(tx.rollback().await?),
+        }
     }
 }
 

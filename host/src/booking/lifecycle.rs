@@ -5,13 +5,14 @@ use serde::Deserialize;
 use serde_json::json;
 use sqlx::AnyConnection;
 
-use super::engine::{commit_with, not_found, push_event};
+use super::engine::{Laying, laying, not_found, push_event};
+use super::group::Writer;
 use super::store::{self, ComputeReservation, Reservation};
 use super::{State, check_reservation_id, check_tenant_id};
 use crate::audit::{self, Entry};
 use crate::capacity::{Change, Since};
 use crate::iam::{Permission, Principal};
-use crate::store::Batch;
+use crate::store::{Backend, Batch};
 use crate::{App, Error, Result};
 
 /// Ends `r` in a terminal `state`, as one transition: the state changes only if the row is
@@ -26,6 +27,25 @@ pub async fn terminate(
     reason: &str,
     now: i64,
 ) -> Result<bool> {
+    let charge = mark_ended(r, state, reason, now);
+    if !store::update(conn, r).await? {
+        return Ok(false);
+    }
+    ended_effects(conn, r, state, reason, charge, now)
+        .await?
+        .execute(conn)
+        .await?;
+    Ok(true)
+}
+
+/// Moves `r` to the terminal `state` for `reason` (in memory), and answers the charge it
+/// held: cleared in the update that ends it, so that only that update refunds it.
+fn mark_ended(
+    r: &mut Reservation,
+    state: State,
+    reason: &str,
+    now: i64,
+) -> Option<std::collections::BTreeMap<String, i64>> {
     let charge = r.charge.take();
     r.state = state;
     r.reason = Some(reason.to_string());
@@ -33,11 +53,21 @@ pub async fn terminate(
     r.next_attempt_ms = None;
     r.extend_started_ms = None;
     r.operate(reason, now);
-    if !store::update(conn, r).await? {
-        return Ok(false);
-    }
-    // Only once the update matched: the side effects, in one round trip.
-    // A bound kubernetes reservation's devices stay booked while its node still holds them.
+    charge
+}
+
+/// The side effects of ending `r` once its update matched: its node asked to unbind (a
+/// bound kubernetes reservation's devices stay booked while its node still holds them),
+/// then, in the batch answered for the caller to add to and run, its bookings released,
+/// `charge` refunded and its event.
+async fn ended_effects(
+    conn: &mut AnyConnection,
+    r: &mut Reservation,
+    state: State,
+    reason: &str,
+    charge: Option<std::collections::BTreeMap<String, i64>>,
+    now: i64,
+) -> Result<Batch> {
     let keeps_devices = super::binding::on_terminate(conn, r, state, reason, now).await?;
     if keeps_devices {
         store::update(conn, r).await?;
@@ -56,36 +86,107 @@ pub async fn terminate(
         _ => "reservation.expired",
     };
     push_event(&mut batch, r, kind, json!({ "reason": reason }));
-    batch.execute(conn).await?;
-    Ok(true)
+    Ok(batch)
 }
 
-/// Commits `tx`, in which `r` was ended ([`terminate`]), and takes its bookings off the
-/// capacity view. A reservation bound to its node (whose binding changed too, and may keep
-/// the devices booked) is loaded again instead. `since` was read in `tx` before it
-/// changed capacity.
-pub async fn commit_ended(
+/// How often a reservation that changed between its read and its write is ended again
+/// from what it became, or a write that gave up waiting for a lock is tried again.
+const END_ATTEMPTS: u32 = 3;
+
+/// A terminal move: to `state` for `reason`, audited as `action` by `by`.
+pub struct Ending<'a> {
+    pub state: State,
+    pub reason: &'a str,
+    pub by: &'a Principal,
+    pub action: &'a str,
+}
+
+/// Ends `r`, as read outside any transaction, as [`terminate`] does, with its audit entry
+/// and what `then` adds: the guarded update and where the capacity feed stands in one round
+/// trip, then, only if it matched, the effects in another; the view drops its bookings once
+/// they commit. Answers `r` ended, or `None`, having written nothing, when it changed since
+/// it was read.
+///
+/// On SQLite it writes in the open group commit ([`super::group`]), as creates do: one
+/// writer, whose turn it takes for two round trips instead of a whole transaction. On
+/// PostgreSQL it commits alone: in a group it would hold the tenant's quota rows, which
+/// every release and create of the tenant updates, until the group's last member is done,
+/// and replicas' groups would wait on each other.
+pub(crate) async fn end(
     app: &App,
-    tx: crate::store::Tx,
-    since: Since,
-    r: &Reservation,
-) -> Result<()> {
-    let nodes = r.node_ids();
-    if r.binding != super::Binding::Hold {
-        tx.commit().await?;
-        app.capacity.forget(&nodes).await;
-        return Ok(());
+    r: Reservation,
+    ending: Ending<'_>,
+    then: impl Fn(&mut Batch, &Reservation),
+) -> Result<Option<Reservation>> {
+    for attempt in 0..END_ATTEMPTS {
+        let mut ended = r.clone();
+        let mut writer = match app.store.backend() {
+            Backend::Sqlite => Writer::Member(app.placements.join(&app.store).await?),
+            Backend::Postgres => Writer::Alone(app.store.begin().await?),
+        };
+        match write_end(app, &mut writer, &mut ended, &ending, &then).await {
+            Ok(Some(since)) => {
+                let laying = match ended.binding {
+                    super::Binding::Hold => {
+                        let change = |node| {
+                            let reservation_id = ended.id.clone();
+                            (node, Change::Ended { reservation_id })
+                        };
+                        laying(app, ended.node_ids().into_iter().map(change).collect()).await
+                    }
+                    // Its binding changed too, and may keep the devices booked.
+                    _ => Laying::Forget(ended.node_ids()),
+                };
+                writer.keep(app, since, laying).await?;
+                return Ok(Some(ended));
+            }
+            Ok(None) => {
+                writer.drop_writes().await?;
+                return Ok(None);
+            }
+            Err(err) if err.is_transaction_conflict() && attempt + 1 < END_ATTEMPTS => {
+                writer.drop_writes().await?;
+            }
+            Err(err) => {
+                writer.drop_writes().await?;
+                return Err(err);
+            }
+        }
     }
-    let changes = nodes
-        .into_iter()
-        .map(|node| {
-            let change = Change::Ended {
-                reservation_id: r.id.clone(),
-            };
-            (node, change)
-        })
-        .collect();
-    commit_with(app, tx, since, changes).await
+    unreachable!("the last attempt never asks to write again")
+}
+
+/// The writes of [`end`], through `writer`: `None` when the update did not match.
+async fn write_end(
+    app: &App,
+    writer: &mut Writer,
+    r: &mut Reservation,
+    ending: &Ending<'_>,
+    then: &impl Fn(&mut Batch, &Reservation),
+) -> Result<Option<Since>> {
+    let now = app.now_ms();
+    let Ending {
+        state,
+        reason,
+        by,
+        action,
+    } = *ending;
+    let charge = mark_ended(r, state, reason, now);
+    let feed = app.capacity.since_sql();
+    let mut batch = Batch::on(writer.conn());
+    writer.begin_in(&mut batch);
+    store::push_update(&mut batch, r);
+    let (rows, after) = batch.execute_then(writer.conn(), feed).await?;
+    if rows != [1] {
+        return Ok(None);
+    }
+    r.version += 1;
+    let conn = writer.conn();
+    let mut batch = ended_effects(conn, r, state, reason, charge, now).await?;
+    audit::push(&mut batch, by, move_entry(r, action), now);
+    then(&mut batch, r);
+    let (_, until) = batch.execute_then(conn, feed).await?;
+    Ok(Some(app.capacity.since_of(after).until(until)))
 }
 
 /// A transition of a reservation read in this transaction found it changed: the caller
@@ -186,40 +287,17 @@ pub async fn release(
     caller: &Principal,
     input: ReservationRef,
 ) -> Result<ComputeReservation> {
-    let now = app.now_ms();
-    let mut tx = app.store.begin().await?;
-    let mut r = authorized(
-        &mut tx,
-        caller,
-        Permission::ComputeRelease,
-        &input.tenant_id,
-        &input.reservation_id,
-        app.store.for_update(),
-    )
-    .await?;
-    if r.state.is_draft() {
-        return Err(Error::InvalidState(format!(
+    end_on_request(app, caller, &input, "release", |r| match r.state {
+        _ if r.state.is_draft() => Err(Error::InvalidState(format!(
             "reservation {} is still a {}",
             r.id,
             r.state.as_str()
-        )));
-    }
-    if r.state.is_terminal() {
-        return Ok(r.view());
-    }
-    let state = if r.state == State::Pending {
-        State::Cancelled
-    } else {
-        State::Released
-    };
-    let since = app.capacity.since(&mut tx).await?;
-    if !terminate(&mut tx, &mut r, state, "release", now).await? {
-        return Err(changed_concurrently(&r));
-    }
-    audit_method(&mut tx, caller, &r, "compute-reservation.release", now).await?;
-    commit_ended(app, tx, since, &r).await?;
-    crate::reconciler::wake_pool(app, &r.pool_id, &r.node_ids()).await?;
-    Ok(r.view())
+        ))),
+        _ if r.state.is_terminal() => Ok(None),
+        State::Pending => Ok(Some(State::Cancelled)),
+        _ => Ok(Some(State::Released)),
+    })
+    .await
 }
 
 /// `cancel`: withdraws a reservation that has not started (`pending` or `placed`).
@@ -228,37 +306,63 @@ pub async fn cancel(
     caller: &Principal,
     input: ReservationRef,
 ) -> Result<ComputeReservation> {
-    let now = app.now_ms();
-    let mut tx = app.store.begin().await?;
-    let mut r = authorized(
-        &mut tx,
-        caller,
-        Permission::ComputeRelease,
-        &input.tenant_id,
-        &input.reservation_id,
-        app.store.for_update(),
-    )
-    .await?;
-    match r.state {
-        State::Draft | State::AwaitingConfirmation => return Err(not_found(&r.id)),
-        State::Cancelled => return Ok(r.view()),
-        State::Pending | State::Placed => {}
-        other => {
-            return Err(Error::InvalidState(format!(
-                "reservation {} is {}; use release for a started reservation",
-                r.id,
-                other.as_str()
-            )));
+    end_on_request(app, caller, &input, "cancel", |r| match r.state {
+        State::Draft | State::AwaitingConfirmation => Err(not_found(&r.id)),
+        State::Cancelled => Ok(None),
+        State::Pending | State::Placed => Ok(Some(State::Cancelled)),
+        other => Err(Error::InvalidState(format!(
+            "reservation {} is {}; use release for a started reservation",
+            r.id,
+            other.as_str()
+        ))),
+    })
+    .await
+}
+
+/// A caller's `method` that ends a reservation: `next` says, on the reservation as read,
+/// what state it ends in (`None`: it answers as it is). Read again when it changed before
+/// the write.
+async fn end_on_request(
+    app: &App,
+    caller: &Principal,
+    input: &ReservationRef,
+    method: &str,
+    next: impl Fn(&Reservation) -> Result<Option<State>>,
+) -> Result<ComputeReservation> {
+    let action = format!("compute-reservation.{method}");
+    let mut changed = None;
+    for _ in 0..END_ATTEMPTS {
+        let r = {
+            let mut conn = app.store.pool().acquire().await?;
+            let (tenant, id) = (&input.tenant_id, &input.reservation_id);
+            authorized(
+                &mut conn,
+                caller,
+                Permission::ComputeRelease,
+                tenant,
+                id,
+                "",
+            )
+            .await?
+        };
+        let Some(state) = next(&r)? else {
+            return Ok(r.view());
+        };
+        let ending = Ending {
+            state,
+            reason: method,
+            by: caller,
+            action: &action,
+        };
+        match end(app, r.clone(), ending, |_, _| {}).await? {
+            Some(ended) => {
+                crate::reconciler::wake_pool(app, &ended.pool_id, &ended.node_ids()).await?;
+                return Ok(ended.view());
+            }
+            None => changed = Some(r),
         }
     }
-    let since = app.capacity.since(&mut tx).await?;
-    if !terminate(&mut tx, &mut r, State::Cancelled, "cancel", now).await? {
-        return Err(changed_concurrently(&r));
-    }
-    audit_method(&mut tx, caller, &r, "compute-reservation.cancel", now).await?;
-    commit_ended(app, tx, since, &r).await?;
-    crate::reconciler::wake_pool(app, &r.pool_id, &r.node_ids()).await?;
-    Ok(r.view())
+    Err(changed_concurrently(&changed.expect("tried")))
 }
 
 pub(super) async fn audit_method(

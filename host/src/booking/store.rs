@@ -305,15 +305,29 @@ async fn load(conn: &mut AnyConnection, rows: Vec<AnyRow>) -> Result<Vec<Reserva
         .collect()
 }
 
-/// The reservation with `id`; `lock` is the row-lock clause for a read-then-write.
+/// The reservation with `id`; `lock` is the row-lock clause for a read-then-write (on the
+/// reservation's row). One round trip: a row for each unit it booked.
 pub async fn find(conn: &mut AnyConnection, id: &str, lock: &str) -> Result<Option<Reservation>> {
     let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM compute_reservations WHERE id = $1{lock}"
+        "SELECT r.*, b.node_id AS booked_node_id, b.unit_id AS booked_unit_id
+         FROM (SELECT {COLUMNS} FROM compute_reservations WHERE id = $1{lock}) r
+         LEFT JOIN bookings b ON b.reservation_id = r.id
+         ORDER BY b.node_id, b.unit_id"
     ))
     .bind(id)
     .fetch_all(&mut *conn)
     .await?;
-    Ok(load(conn, rows).await?.into_iter().next())
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let units = (rows.iter())
+        .filter_map(|row| {
+            let node: Option<String> = row.get("booked_node_id");
+            let unit: Option<String> = row.get("booked_unit_id");
+            node.zip(unit)
+        })
+        .collect();
+    from_row(first, units).map(Some)
 }
 
 /// The reservations time moves at `now`, oldest first (the reconciler's work list): a
