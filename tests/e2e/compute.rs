@@ -138,6 +138,7 @@ impl World {
 on_both_databases!(
     create_places_whole_gpus_and_a_replay_returns_the_stored_reservation,
     the_same_key_with_a_different_request_is_a_conflict,
+    a_replay_answers_with_the_stored_reservation_once_the_pool_takes_no_new_creates,
     input_that_breaks_the_seed_constraints_is_refused,
     pools_not_offered_archived_or_mismatched_are_refused,
     quota_exceeded_leaves_the_draft_for_a_retry,
@@ -219,6 +220,30 @@ async fn the_same_key_with_a_different_request_is_a_conflict(db: Db) {
         "another caller's key is another reservation: {mine}"
     );
     assert_ne!(mine["id"], r["id"]);
+}
+
+/// A create looks for a replay only once something refuses it or its id is found taken:
+/// a replay still answers with the stored reservation after the pool was archived (a new
+/// create is refused there), and a new key is refused.
+async fn a_replay_answers_with_the_stored_reservation_once_the_pool_takes_no_new_creates(db: Db) {
+    let w = world(db, 1, 16).await;
+    let r = w.create(w.ask("k-1", 2)).await;
+    assert_eq!(r["state"], "placed", "{r}");
+    let (status, _) = w
+        .server
+        .admin()
+        .post(&format!("/v1/pools/{}/archive", w.pool), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, replay) = rpc(&w.tenant, "create", w.ask("k-1", 2)).await;
+    assert_eq!(status, StatusCode::OK, "{replay}");
+    assert_eq!(replay["id"], r["id"]);
+    assert_eq!(replay["placement"], r["placement"]);
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-1", 4)).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "CONFLICT");
+    let (status, err) = rpc(&w.tenant, "create", w.ask("k-2", 2)).await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    assert_eq!(w.used_gpus().await, 2, "a replay charges nothing");
 }
 
 async fn input_that_breaks_the_seed_constraints_is_refused(db: Db) {
