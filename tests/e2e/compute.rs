@@ -222,9 +222,8 @@ async fn the_same_key_with_a_different_request_is_a_conflict(db: Db) {
     assert_ne!(mine["id"], r["id"]);
 }
 
-/// A create looks for a replay only once something refuses it or its id is found taken:
-/// a replay still answers with the stored reservation after the pool was archived (a new
-/// create is refused there), and a new key is refused.
+/// A replay answers with the stored reservation even after the pool was archived (where a
+/// new create is refused), and a new key is refused.
 async fn a_replay_answers_with_the_stored_reservation_once_the_pool_takes_no_new_creates(db: Db) {
     let w = world(db, 1, 16).await;
     let r = w.create(w.ask("k-1", 2)).await;

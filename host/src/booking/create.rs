@@ -99,7 +99,7 @@ pub async fn create(
     }
     let id = reservation_id(&request.tenant_id, &caller.key_id, &request.idempotency_key);
     let wait_ms = request.wait.map_or(0, |w| w.timeout_ms);
-    let reservation = decide_and_place(app, caller, &id, request, binding, Lookup::Later).await?;
+    let reservation = decide_and_place(app, caller, &id, request, binding).await?;
     let reservation = if wait_ms > 0 && reservation.state == State::Pending {
         wait_while_pending(app, &id, wait_ms).await?
     } else {
@@ -164,158 +164,27 @@ pub(super) async fn read_context(
     })
 }
 
-/// Whether a create reads the reservation stored under its id before it decides.
-#[derive(Clone, Copy, PartialEq)]
-enum Lookup {
-    /// Not first: most creates are new. A replay shows when the draft's insert finds the id
-    /// taken, or, for a request refused before anything was written, right then.
-    Later,
-    First,
-}
-
-/// What a create decided before it writes: the draft (`stored`: read, not new) and
-/// what it is charged and placed with, and IAM's decision on it (`None`: confirmed by a
-/// person already).
-struct Prepared {
-    draft: Reservation,
-    stored: bool,
-    at: Version,
-    pool: Pool,
-    offer: Option<Offer>,
-    share: Option<crate::pools::PerGpu>,
-    attrs: policy::Attributes,
-    decision: Option<Decision>,
-}
-
 async fn decide_and_place(
     app: &App,
     caller: &Principal,
     id: &str,
     request: CreateRequest,
     binding: Binding,
-    lookup: Lookup,
 ) -> Result<Reservation> {
-    let replay = match lookup {
-        Lookup::First => {
-            let mut conn = app.store.pool().acquire().await?;
-            store::find(&mut conn, id, "").await?
-        }
-        Lookup::Later => None,
-    };
-    let prepared = match prepare(app, caller, id, &request, binding, replay).await {
-        Ok(Ok(prepared)) => prepared,
-        Ok(Err(answer)) => return Ok(*answer),
-        // Refused before anything was written: a reservation stored under this id answers
-        // instead (a replay), if there is one.
-        Err(err) if lookup == Lookup::Later => {
-            let mut conn = app.store.pool().acquire().await?;
-            if store::find(&mut conn, id, "").await?.is_none() {
-                return Err(err);
-            }
-            drop(conn);
-            let again = decide_and_place(app, caller, id, request, binding, Lookup::First);
-            return Box::pin(again).await;
-        }
-        Err(err) => return Err(err),
-    };
-    let Prepared {
-        mut draft,
-        stored,
-        at,
-        pool,
-        offer,
-        share,
-        attrs,
-        decision,
-    } = prepared;
-    // Another create with this key stored its draft first: answer as a replay.
-    let replay = || {
-        Box::pin(decide_and_place(
-            app,
-            caller,
-            id,
-            request.clone(),
-            binding,
-            Lookup::First,
-        ))
-    };
     let now = app.now_ms();
-    match decision {
-        None | Some(Decision::Allow) => {}
-        Some(Decision::Deny) => {
-            if !stored && !store_draft(app, caller, &draft).await? {
-                return replay().await;
-            }
-            finish_draft(app, caller, &mut draft, "access-denied").await?;
-            return Err(Error::AccessDenied(format!(
-                "IAM refused {CREATE} on this request"
-            )));
-        }
-        Some(Decision::NeedsConfirmation) => {
-            if !stored && !store_draft(app, caller, &draft).await? {
-                return replay().await;
-            }
-            let attrs_json = serde_json::to_value(&attrs).expect("attributes serialize");
-            let mut tx = app.store.begin().await?;
-            let confirmation =
-                confirmations::open(&mut tx, caller, id, CREATE, &attrs_json, now).await?;
-            draft.state = State::AwaitingConfirmation;
-            draft.confirmation_id = Some(confirmation.id.clone());
-            draft.operate("create", now);
-            if store::update(&mut tx, &mut draft).await? {
-                emit(
-                    &mut tx,
-                    &draft,
-                    "reservation.awaiting-confirmation",
-                    json!({ "confirmationId": confirmation.id }),
-                )
-                .await?;
-                tx.commit().await?;
-            }
-            return Err(confirmation_required(&draft));
-        }
-    }
-    // Quota: the devices, and host resources above the pool's per-GPU share.
-    let (_, excess) = host_resources(request.gpu_count(), share, request.resources);
-    let charge = quota_charge(&request, excess);
-    let placing = Placing {
-        caller,
-        pool: (&pool, at),
-        offer: offer.as_ref(),
-        stored,
+    // Reads happen on a connection that is given back before any write transaction begins,
+    // so concurrent creates never hold one connection while waiting for another.
+    let replay = {
+        let mut conn = app.store.pool().acquire().await?;
+        store::find(&mut conn, id, "").await?
     };
-    match charge_and_place(app, placing, draft.clone(), charge).await {
-        Ok(Some(r)) => Ok(r),
-        Ok(None) => replay().await,
-        Err(err) => {
-            // The draft stays (QUOTA_EXCEEDED, SPEND_LIMIT_REACHED, a failed policy), so the
-            // same key can be retried.
-            if !stored && !store_draft(app, caller, &draft).await? {
-                return replay().await;
-            }
-            Err(err)
-        }
-    }
-}
-
-/// Everything a create decides before it writes: the replay's answer (`Err`) when `replay`,
-/// the reservation stored under its id, settles it; otherwise the draft and IAM's decision.
-async fn prepare(
-    app: &App,
-    caller: &Principal,
-    id: &str,
-    request: &CreateRequest,
-    binding: Binding,
-    replay: Option<Reservation>,
-) -> Result<std::result::Result<Prepared, Box<Reservation>>> {
-    let now = app.now_ms();
     let mut confirmed = false;
     if let Some(existing) = &replay {
-        check_replay(existing, request)?;
+        check_replay(existing, &request)?;
         match existing.state {
             State::Denied => return Err(Error::AccessDenied("the request was refused".into())),
             State::Draft | State::AwaitingConfirmation => {}
-            _ => return Ok(Err(Box::new(existing.clone()))),
+            _ => return Ok(existing.clone()),
         }
     }
     let Context {
@@ -326,7 +195,7 @@ async fn prepare(
         offer,
         snapshot,
         policy: policy_text,
-    } = read_context(app, replay, request).await?;
+    } = read_context(app, replay, &request).await?;
     if let Some(existing) = &existing
         && existing.state == State::AwaitingConfirmation
     {
@@ -342,11 +211,11 @@ async fn prepare(
             }
         }
     }
-    check_against_pool(request, binding, &pool, &snapshot)?;
+    check_against_pool(&request, binding, &pool, &snapshot)?;
     let share = snapshot.per_gpu_share(&pool.policy);
-    let (draft, stored) = match existing {
+    let (mut draft, stored) = match existing {
         Some(existing) => (existing, true),
-        None => (new_draft(caller, id, request, binding, share, now)?, false),
+        None => (new_draft(caller, id, &request, binding, share, now)?, false),
     };
     let region = snapshot
         .nodes()
@@ -355,27 +224,72 @@ async fn prepare(
     // Let go of the pool's node list: while a create holds it, every change to a node of
     // the pool copies the list instead of patching it in place.
     drop(snapshot);
-    let attrs = attributes(request, &draft, &region);
-    let decision = match confirmed {
-        true => None,
-        false => Some(policy::decide(
+    let attrs = attributes(&request, &draft, &region);
+    if !confirmed {
+        match policy::decide(
             policy_text.as_deref(),
             caller,
             CREATE,
             (id, &request.tenant_id),
             &attrs,
-        )?),
-    };
-    Ok(Ok(Prepared {
-        draft,
+        )? {
+            Decision::Allow => {}
+            Decision::Deny => {
+                if !stored && !store_draft(app, caller, &draft).await? {
+                    return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
+                }
+                finish_draft(app, caller, &mut draft, "access-denied").await?;
+                return Err(Error::AccessDenied(format!(
+                    "IAM refused {CREATE} on this request"
+                )));
+            }
+            Decision::NeedsConfirmation => {
+                if !stored && !store_draft(app, caller, &draft).await? {
+                    return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
+                }
+                let attrs_json = serde_json::to_value(&attrs).expect("attributes serialize");
+                let mut tx = app.store.begin().await?;
+                let confirmation =
+                    confirmations::open(&mut tx, caller, id, CREATE, &attrs_json, now).await?;
+                draft.state = State::AwaitingConfirmation;
+                draft.confirmation_id = Some(confirmation.id.clone());
+                draft.operate("create", now);
+                if store::update(&mut tx, &mut draft).await? {
+                    emit(
+                        &mut tx,
+                        &draft,
+                        "reservation.awaiting-confirmation",
+                        json!({ "confirmationId": confirmation.id }),
+                    )
+                    .await?;
+                    tx.commit().await?;
+                }
+                return Err(confirmation_required(&draft));
+            }
+        }
+    }
+    // Quota: the devices, and host resources above the pool's per-GPU share.
+    let (_, excess) = host_resources(request.gpu_count(), share, request.resources);
+    let charge = quota_charge(&request, excess);
+    let placing = Placing {
+        caller,
+        pool: (&pool, at),
+        offer: offer.as_ref(),
         stored,
-        at,
-        pool,
-        offer,
-        share,
-        attrs,
-        decision,
-    }))
+    };
+    match charge_and_place(app, placing, draft.clone(), charge).await {
+        Ok(Some(r)) => Ok(r),
+        // A concurrent create with the same key stored it first: answer as a replay.
+        Ok(None) => Box::pin(decide_and_place(app, caller, id, request, binding)).await,
+        Err(err) => {
+            // The draft stays (QUOTA_EXCEEDED, SPEND_LIMIT_REACHED, a failed policy), so the
+            // same key can be retried.
+            if !stored {
+                store_draft(app, caller, &draft).await?;
+            }
+            Err(err)
+        }
+    }
 }
 
 /// Stores a new draft, audited; `false` when a concurrent create with the same key stored
