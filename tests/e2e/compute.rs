@@ -66,6 +66,13 @@ async fn rpc(api: &Api, method: &str, body: Value) -> (StatusCode, Value) {
 }
 
 impl World {
+    /// Archives the pool (platform admin): it takes no new creates.
+    async fn archive_pool(&self) {
+        let path = format!("/v1/pools/{}/archive", self.pool);
+        let (status, body) = self.server.admin().post(&path, json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
     fn ask(&self, key: &str, gpus: i64) -> Value {
         json!({ "tenantId": "tenant-a", "poolId": self.pool, "devices": [{ "class": "gpu", "count": gpus }], "duration": "2h", "idempotencyKey": key })
     }
@@ -228,12 +235,7 @@ async fn a_replay_answers_with_the_stored_reservation_once_the_pool_takes_no_new
     let w = world(db, 1, 16).await;
     let r = w.create(w.ask("k-1", 2)).await;
     assert_eq!(r["state"], "placed", "{r}");
-    let (status, _) = w
-        .server
-        .admin()
-        .post(&format!("/v1/pools/{}/archive", w.pool), json!({}))
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    w.archive_pool().await;
     let (status, replay) = rpc(&w.tenant, "create", w.ask("k-1", 2)).await;
     assert_eq!(status, StatusCode::OK, "{replay}");
     assert_eq!(replay["id"], r["id"]);
@@ -324,12 +326,7 @@ async fn pools_not_offered_archived_or_mismatched_are_refused(db: Db) {
     let (status, err) = rpc(&w.tenant, "create", kube).await;
     assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
 
-    let (status, _) = w
-        .server
-        .admin()
-        .post(&format!("/v1/pools/{}/archive", w.pool), json!({}))
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    w.archive_pool().await;
     let (status, err) = rpc(&w.tenant, "create", w.ask("k-6", 1)).await;
     assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
 }
