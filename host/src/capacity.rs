@@ -57,6 +57,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex as SyncMutex};
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use sqlx::{AnyConnection, AnyPool, Row as _};
 
 use crate::Result;
@@ -74,20 +75,28 @@ const POOLS_CHANNEL: &str = "orl_pools";
 const LOAD_BATCH: usize = 500;
 
 /// One node as the view holds it, with the positions a decision looks things up by
-/// worked out once, when it is loaded.
+/// worked out once, when it is loaded. Laid out in the order written, what a pass over a
+/// pool's nodes reads of each first, so that it touches few cache lines a node.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct NodeCapacity {
+    /// What a decision can tell at a glance, without reading the bookings.
+    glance: Glance,
+    /// Marked lost and not reported since: it takes no placements.
+    lost: bool,
+    /// [`NodeCapacity::shape`], worked out when first asked.
+    shape: std::sync::OnceLock<Option<u64>>,
+    /// Node reservations on it that are not cancelled.
+    pub claims: Vec<Record>,
+    /// Active host bookings (CPU, memory, hugepages) on it.
+    pub host: Vec<HostBooked>,
+    /// [`reservation_hash`] of each host booking's reservation, in the order of `host`.
+    host_reservations: Vec<u64>,
     pub node: Arc<Node>,
     /// Active bookings of its units, by unit then start.
     pub bookings: Vec<Booked>,
-    /// Active host bookings (CPU, memory, hugepages) on it.
-    pub host: Vec<HostBooked>,
-    /// Node reservations on it that are not cancelled.
-    pub claims: Vec<Record>,
     /// Each booking of a unit the node still reports, as a decision reads it.
     spans: Vec<Span>,
-    /// [`reservation_hash`] of each host booking's reservation, in the order of `host`.
-    host_reservations: Vec<u64>,
     /// Each unit as a decision reads it, in the order of `node.units`.
     slots: Vec<Slot>,
     /// The positions in `node.units` of the units each claim holds.
@@ -96,12 +105,6 @@ pub struct NodeCapacity {
     models: Vec<String>,
     /// How many whole GPUs the node has.
     gpus: i64,
-    /// Marked lost and not reported since: it takes no placements.
-    lost: bool,
-    /// [`NodeCapacity::shape`], worked out when first asked.
-    shape: std::sync::OnceLock<Option<u64>>,
-    /// What a decision can tell at a glance, without reading the bookings.
-    glance: Glance,
 }
 
 /// What a decision can tell about a node without reading its unit bookings: when it is
@@ -109,19 +112,30 @@ pub struct NodeCapacity {
 /// out when the node is loaded (or changed), kept inline so that a pass over a pool whose
 /// nodes are full touches one record a node.
 #[derive(Debug, Clone)]
+#[repr(C)]
 struct Glance {
     /// The intervals (start, end) over which every sellable unit is held, sorted and
-    /// disjoint; empty for a node without a sellable unit.
-    full: Box<[(i64, i64)]>,
+    /// disjoint; empty for a node without a sellable unit. The first is kept inline, so
+    /// that a pass over a pool of full nodes reads no other allocation.
+    full: SmallVec<[(i64, i64); 1]>,
     /// A 128-bit filter of the [`reservation_hash`]es of the reservations holding units or
     /// host resources: a reservation whose bit is not set holds nothing here.
     holders: [u64; 2],
     /// Whether any spot booking holds a unit.
     spot: bool,
+    /// Every host booking added up (CPUs, GiB of memory, 1 GiB hugepages): no window has
+    /// more booked.
+    host_booked: [i64; 3],
 }
 
 impl Glance {
-    fn of(slots: &[Slot], spans: &[Span], hashes: &[u64], spot: bool) -> Glance {
+    fn of(
+        slots: &[Slot],
+        spans: &[Span],
+        host: &[HostBooked],
+        hashes: &[u64],
+        spot: bool,
+    ) -> Glance {
         let mut holders = [0u64; 2];
         for hash in spans
             .iter()
@@ -131,10 +145,18 @@ impl Glance {
             let (word, bit) = Glance::holder_bit(hash);
             holders[word] |= bit;
         }
+        let host_booked = host.iter().fold([0; 3], |sum, h| {
+            [
+                sum[0] + h.vcpu,
+                sum[1] + h.memory_gib,
+                sum[2] + h.hugepages_1gi,
+            ]
+        });
         Glance {
             full: full_intervals(slots, spans).into(),
             holders,
             spot,
+            host_booked,
         }
     }
 
@@ -261,6 +283,7 @@ impl NodeCapacity {
             glance: Glance::of(
                 &slots,
                 &spans,
+                &host,
                 &host_reservations,
                 bookings.iter().any(|b| b.spot),
             ),
@@ -323,6 +346,12 @@ impl NodeCapacity {
     pub fn may_hold(&self, hash: u64) -> bool {
         let (word, bit) = Glance::holder_bit(hash);
         self.glance.holders[word] & bit != 0
+    }
+
+    /// Every host booking on the node added up (CPUs, GiB of memory, 1 GiB hugepages): no
+    /// window has more booked.
+    pub fn host_booked_at_most(&self) -> [i64; 3] {
+        self.glance.host_booked
     }
 
     /// Whether any spot booking holds a unit of the node.

@@ -164,11 +164,20 @@ pub fn search(nodes: &PoolList, search: &Search<'_>) -> Found {
 
 /// One node at a time: each node's earliest start, in start order.
 fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
-    let mut shapes: HashMap<u64, bool> = HashMap::new();
+    let mut shapes: HashMap<u64, bool, foldhash::fast::FixedState> = HashMap::default();
+    // The last shape answered: a pool's nodes mostly come in long runs of one shape.
+    let mut last: Option<(u64, bool)> = None;
     let mut could_fit = |node: &Arc<NodeCapacity>| {
         let fits = || fits_alone(node, search, ONCE_FREE).is_some();
         match node.shape() {
-            Some(key) => *shapes.entry(key).or_insert_with(fits),
+            Some(key) if last.is_some_and(|(shape, _)| shape == key) => {
+                last.is_some_and(|(_, fits)| fits)
+            }
+            Some(key) => {
+                let fits = *shapes.entry(key).or_insert_with(fits);
+                last = Some((key, fits));
+                fits
+            }
             None => fits(),
         }
     };
@@ -179,9 +188,8 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
     let mut vetted = vec![false; nodes.len()];
     // A node whose every unit is held at some time in a window is passed over, without a
     // read, to where that ends; a search counts every booking as another's ([`fits_alone`]).
-    let own = crate::capacity::reservation_hash("");
     let held = |node: &NodeCapacity, start: i64| {
-        held_until(node, search.r, own, (start, start + search.duration_ms))
+        held_until(node, search.r, None, (start, start + search.duration_ms))
     };
     let mut queue: BinaryHeap<Reverse<(i64, usize)>> = (nodes.iter().enumerate())
         .filter(|(_, n)| !n.is_lost())

@@ -149,7 +149,7 @@ pub(super) async fn decide(
     r: &Reservation,
 ) -> Result<(Decided, Option<Assumed>)> {
     let turn = app.capacity.turn(&pool.id).await;
-    let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, app.now_ms()).await?;
+    let snapshot = Snapshot::load(app, &pool.id, r, app.now_ms()).await?;
     let decided = {
         let mut conn = app.store.pool().acquire().await?;
         decide_on(app, &mut conn, (pool, at), r, &snapshot).await?
@@ -354,7 +354,7 @@ async fn preempt_and_place(
     }
     app.capacity.forget(spot_nodes).await;
     let at = app.settings.version(conn).await?;
-    let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, now).await?;
+    let snapshot = Snapshot::load(app, &pool.id, r, now).await?;
     let mut attempt = sqlx::Connection::begin(&mut *conn).await?;
     if preempt::make_room(app, &mut attempt, (pool, at), r, &snapshot, now).await? {
         // The terminations changed what is free: place on what the transaction sees.

@@ -194,9 +194,10 @@ pub struct Snapshot {
     scan: Arc<AtomicUsize>,
     /// [`PoolList::smallest_share`].
     smallest_share: Option<crate::pools::PerGpu>,
-    /// The reservation deciding: its own bookings do not hold anything against it.
+    /// The reservation deciding: its own bookings do not hold anything against it. Empty
+    /// for one that holds nothing, with no hash.
     own: String,
-    own_hash: u64,
+    own_hash: Option<u64>,
     start: i64,
     end: i64,
     now: i64,
@@ -237,30 +238,21 @@ impl NodeWindow<'_> {
 }
 
 impl Snapshot {
-    /// The nodes of pool `pool_id` as the capacity view holds them, read over
-    /// `[start, end)` for the reservation `own` (its own bookings do not count), with
-    /// node-reservation rights as they stand at `now`.
-    pub async fn load(
-        app: &App,
-        pool_id: &str,
-        own: &str,
-        start: i64,
-        end: i64,
-        now: i64,
-    ) -> Result<Snapshot> {
-        Ok(Snapshot::of(
-            app.capacity.pool(pool_id).await?,
-            own,
-            start,
-            end,
-            now,
-        ))
+    /// The nodes of pool `pool_id` as the capacity view holds them, read over `r`'s window
+    /// for `r` (its own bookings, where it holds any, do not count), with node-reservation
+    /// rights as they stand at `now`.
+    pub async fn load(app: &App, pool_id: &str, r: &Reservation, now: i64) -> Result<Snapshot> {
+        // One that holds no units (a draft, or one still waiting) is told apart from what
+        // holds a node without looking at who does.
+        let own = if r.members.is_empty() { "" } else { &r.id };
+        let nodes = app.capacity.pool(pool_id).await?;
+        Ok(Snapshot::of(nodes, own, r.start_ms, r.end_ms, now))
     }
 
     /// The pool's nodes as the capacity view holds them, without a window: what a request
     /// is checked against before it is decided.
     pub async fn inventory(app: &App, pool_id: &str) -> Result<Snapshot> {
-        Self::load(app, pool_id, "", 0, 0, 0).await
+        Ok(Snapshot::of(app.capacity.pool(pool_id).await?, "", 0, 0, 0))
     }
 
     /// The same nodes as `self`, with `changed` read again on `conn`: a transaction that
@@ -296,14 +288,15 @@ impl Snapshot {
         ))
     }
 
-    /// `nodes` read over the window `[start, end)`.
+    /// `nodes` read over the window `[start, end)` for the reservation `own` (`""` for one
+    /// that holds nothing).
     pub fn of(nodes: PoolList, own: &str, start: i64, end: i64, now: i64) -> Snapshot {
         Snapshot {
             nodes: nodes.nodes,
             scan: nodes.scan,
             smallest_share: nodes.smallest_share,
             own: own.to_string(),
-            own_hash: crate::capacity::reservation_hash(own),
+            own_hash: (!own.is_empty()).then(|| crate::capacity::reservation_hash(own)),
             start,
             end,
             now,
@@ -358,7 +351,7 @@ impl Snapshot {
         for (h, _) in capacity.host_spans().filter(|(h, hash)| {
             h.start_ms < self.end
                 && h.end_ms > self.start
-                && (*hash != self.own_hash || h.reservation_id != self.own)
+                && (Some(*hash) != self.own_hash || h.reservation_id != self.own)
         }) {
             let booked = HostBooking {
                 vcpu: h.vcpu,
@@ -382,7 +375,7 @@ impl Snapshot {
         for span in capacity.spans() {
             let overlaps = span.start_ms < self.end
                 && span.end_ms > self.start
-                && (span.reservation != self.own_hash
+                && (Some(span.reservation) != self.own_hash
                     || capacity.bookings[span.booking as usize].reservation_id != self.own);
             if overlaps {
                 let h = &mut out.held[span.unit as usize];
@@ -704,14 +697,24 @@ impl Snapshot {
 /// fails a constraint even then (too little host in all, too few matching units, too few in
 /// one NVLink domain) fails it whatever holds it, so it is neither read over the window nor
 /// offered, and it is counted under that constraint. A pool of one or a few shapes pays
-/// one lookup per node for a request no node could ever take.
+/// a comparison per node for a request no node could ever take.
 #[derive(Default)]
-struct Never(std::collections::HashMap<u64, Option<Verdict>, foldhash::fast::FixedState>);
+struct Never {
+    by_shape: std::collections::HashMap<u64, Option<Verdict>, foldhash::fast::FixedState>,
+    /// The last shape asked about and its answer: a pool's nodes mostly come in long runs
+    /// of one shape.
+    last: Option<(u64, Option<Verdict>)>,
+}
 
 impl Never {
     fn fails(&mut self, snapshot: &Snapshot, n: usize, r: &Reservation) -> Option<Verdict> {
         let shape = snapshot.nodes[n].shape()?;
-        *self.0.entry(shape).or_insert_with(|| {
+        if let Some((last, verdict)) = self.last
+            && last == shape
+        {
+            return verdict;
+        }
+        let verdict = *self.by_shape.entry(shape).or_insert_with(|| {
             let units = snapshot.nodes[n].node.units.len();
             let idle = NodeWindow {
                 held: vec![Held::default(); units],
@@ -720,7 +723,9 @@ impl Never {
             };
             let verdict = snapshot.verdict(n, r, &idle, &mut Vec::new());
             (verdict != Verdict::Fit).then_some(verdict)
-        })
+        });
+        self.last = Some((shape, verdict));
+        verdict
     }
 }
 
@@ -834,8 +839,17 @@ impl Snapshot {
     fn at_a_glance(&self, n: usize, r: &Reservation) -> Option<Verdict> {
         let capacity = &self.nodes[n];
         held_until(capacity, r, self.own_hash, (self.start, self.end))?;
-        let (used, _) = self.host_used(capacity);
-        Some(if !has_room(&capacity.node.host, used, r.resources) {
+        let host = &capacity.node.host;
+        // All the host bookings added up leave room, or those over the window do.
+        let [vcpu, memory_gib, hugepages_1gi] = capacity.host_booked_at_most();
+        let at_most = HostBooking {
+            vcpu,
+            memory_gib,
+            hugepages_1gi,
+        };
+        let room = has_room(host, at_most, r.resources)
+            || has_room(host, self.host_used(capacity).0, r.resources);
+        Some(if !room {
             Verdict::Host
         } else if r.binding == super::Binding::Node {
             Verdict::NotWhole
@@ -956,7 +970,7 @@ impl Snapshot {
 
 /// Where no unit of `capacity` could take `r` over `[start, end)`, as told without reading
 /// its unit bookings: it has no node reservations, `r` (with [`reservation_hash`]
-/// `own_hash`) holds nothing there and asks for devices, and every sellable unit is held
+/// `own_hash`, `None` where it holds nothing anywhere) holds nothing there and asks for devices, and every sellable unit is held
 /// at some time in the window. Answers until when all of them are
 /// ([`NodeCapacity::full_until`]).
 ///
@@ -964,11 +978,11 @@ impl Snapshot {
 pub(super) fn held_until(
     capacity: &NodeCapacity,
     r: &Reservation,
-    own_hash: u64,
+    own_hash: Option<u64>,
     (start, end): (i64, i64),
 ) -> Option<i64> {
     let glance = capacity.claims.is_empty()
-        && !capacity.may_hold(own_hash)
+        && own_hash.is_none_or(|hash| !capacity.may_hold(hash))
         && r.request.devices.iter().any(|d| d.count > 0);
     glance.then(|| capacity.full_until(start, end)).flatten()
 }

@@ -181,7 +181,7 @@ async fn place_plan(
     r: &mut super::store::Reservation,
     now: i64,
 ) -> Result<PlacementPlan> {
-    let snapshot = Snapshot::load(app, &pool.id, &r.id, r.start_ms, r.end_ms, now).await?;
+    let snapshot = Snapshot::load(app, &pool.id, r, now).await?;
     let mut conn = app.store.pool().acquire().await?;
     let queued = pool.policy.placer == PlacerMode::PoolLease;
     let waiting = |reason: String| PlacementPlan {
