@@ -26,12 +26,12 @@
 //! got (`searchedUntil`): no slot it did not return starts before that.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::placement::{Census, NativeDefault, Placer as _, Snapshot, held_until};
+use super::placement::{ByShape, Census, NativeDefault, Placer as _, Snapshot, held_until};
 use super::store::{Member, Reservation};
 use super::{CreateRequest, DeviceRequest, Duration, Gang, Resources, Topology};
 use crate::capacity::{NodeCapacity, PoolList};
@@ -164,20 +164,11 @@ pub fn search(nodes: &PoolList, search: &Search<'_>) -> Found {
 
 /// One node at a time: each node's earliest start, in start order.
 fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
-    let mut shapes: HashMap<u64, bool, foldhash::fast::FixedState> = HashMap::default();
-    // The last shape answered: a pool's nodes mostly come in long runs of one shape.
-    let mut last: Option<(u64, bool)> = None;
+    let mut shapes = ByShape::default();
     let mut could_fit = |node: &Arc<NodeCapacity>| {
         let fits = || fits_alone(node, search, ONCE_FREE).is_some();
         match node.shape() {
-            Some(key) if last.is_some_and(|(shape, _)| shape == key) => {
-                last.is_some_and(|(_, fits)| fits)
-            }
-            Some(key) => {
-                let fits = *shapes.entry(key).or_insert_with(fits);
-                last = Some((key, fits));
-                fits
-            }
+            Some(key) => shapes.get_or(key, fits),
             None => fits(),
         }
     };

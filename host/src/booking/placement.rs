@@ -699,22 +699,12 @@ impl Snapshot {
 /// offered, and it is counted under that constraint. A pool of one or a few shapes pays
 /// a comparison per node for a request no node could ever take.
 #[derive(Default)]
-struct Never {
-    by_shape: std::collections::HashMap<u64, Option<Verdict>, foldhash::fast::FixedState>,
-    /// The last shape asked about and its answer: a pool's nodes mostly come in long runs
-    /// of one shape.
-    last: Option<(u64, Option<Verdict>)>,
-}
+struct Never(ByShape<Option<Verdict>>);
 
 impl Never {
     fn fails(&mut self, snapshot: &Snapshot, n: usize, r: &Reservation) -> Option<Verdict> {
         let shape = snapshot.nodes[n].shape()?;
-        if let Some((last, verdict)) = self.last
-            && last == shape
-        {
-            return verdict;
-        }
-        let verdict = *self.by_shape.entry(shape).or_insert_with(|| {
+        self.0.get_or(shape, || {
             let units = snapshot.nodes[n].node.units.len();
             let idle = NodeWindow {
                 held: vec![Held::default(); units],
@@ -723,9 +713,37 @@ impl Never {
             };
             let verdict = snapshot.verdict(n, r, &idle, &mut Vec::new());
             (verdict != Verdict::Fit).then_some(verdict)
-        });
-        self.last = Some((shape, verdict));
-        verdict
+        })
+    }
+}
+
+/// Answers worked out once per node shape ([`NodeCapacity::shape`]); the last one asked
+/// for is at hand without a lookup, as a pool's nodes mostly come in long runs of one shape.
+pub(super) struct ByShape<T> {
+    answers: std::collections::HashMap<u64, T, foldhash::fast::FixedState>,
+    last: Option<(u64, T)>,
+}
+
+impl<T> Default for ByShape<T> {
+    fn default() -> Self {
+        ByShape {
+            answers: Default::default(),
+            last: None,
+        }
+    }
+}
+
+impl<T: Copy> ByShape<T> {
+    /// The answer for `shape`, worked out with `work_out` the first time.
+    pub(super) fn get_or(&mut self, shape: u64, work_out: impl FnOnce() -> T) -> T {
+        if let Some((last, answer)) = self.last
+            && last == shape
+        {
+            return answer;
+        }
+        let answer = *self.answers.entry(shape).or_insert_with(work_out);
+        self.last = Some((shape, answer));
+        answer
     }
 }
 
@@ -970,9 +988,9 @@ impl Snapshot {
 
 /// Where no unit of `capacity` could take `r` over `[start, end)`, as told without reading
 /// its unit bookings: it has no node reservations, `r` (with [`reservation_hash`]
-/// `own_hash`, `None` where it holds nothing anywhere) holds nothing there and asks for devices, and every sellable unit is held
-/// at some time in the window. Answers until when all of them are
-/// ([`NodeCapacity::full_until`]).
+/// `own_hash`, `None` where it holds nothing anywhere) holds nothing there and asks for
+/// devices, and every sellable unit is held at some time in the window. Answers until when
+/// all of them are ([`NodeCapacity::full_until`]).
 ///
 /// [`reservation_hash`]: crate::capacity::reservation_hash
 pub(super) fn held_until(
