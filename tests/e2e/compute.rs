@@ -156,6 +156,7 @@ on_both_databases!(
     list_is_newest_first_paginated_and_scoped,
     release_and_cancel_follow_the_state_rules,
     extend_moves_the_end_or_reports_available_until,
+    an_extend_reaches_366_days_from_the_start_and_no_further,
     concurrent_extends_are_refused_while_one_is_in_flight,
     a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before,
     pending_reservations_of_a_pool_are_retried_together_oldest_first_and_what_still_waits_waits_thirty_seconds_more,
@@ -675,6 +676,29 @@ async fn extend_moves_the_end_or_reports_available_until(db: Db) {
         T0 + 4 * HOUR,
         "a policy that caps duration caps extensions"
     );
+}
+
+async fn an_extend_reaches_366_days_from_the_start_and_no_further(db: Db) {
+    const DAYS_366: i64 = 366 * 24 * HOUR;
+    let w = world(db, 1, 64).await;
+    let r = w.create(w.ask("k-1", 1)).await;
+    let start = r["start"].as_i64().expect("start");
+    let extend = |until: i64, key: &str| {
+        let body = json!({ "tenantId": "tenant-a", "reservationId": r["id"], "until": until, "idempotencyKey": key });
+        rpc(&w.tenant, "extend", body)
+    };
+    let (status, err) = extend(start + DAYS_366 + 1, "e-over").await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "INVALID_INPUT");
+    assert_eq!(err["error"]["details"]["field"], "until", "{err}");
+    assert_eq!(
+        w.get(&r["id"]).await.1["end"],
+        r["end"],
+        "a refused extend moves nothing"
+    );
+    let (status, out) = extend(start + DAYS_366, "e-at").await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["extended"], true, "{out}");
+    assert_eq!(out["reservation"]["end"], start + DAYS_366);
 }
 
 async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
