@@ -158,7 +158,7 @@ on_both_databases!(
     extend_moves_the_end_or_reports_available_until,
     an_extend_reaches_366_days_from_the_start_and_no_further,
     concurrent_extends_are_refused_while_one_is_in_flight,
-    a_claim_left_by_an_extend_that_never_finished_lapses_after_ten_seconds,
+    a_claim_left_by_an_extend_that_never_finished_holds_others_off_ten_seconds_and_says_how_long,
     a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before,
     pending_reservations_of_a_pool_are_retried_together_oldest_first_and_what_still_waits_waits_thirty_seconds_more,
     renew_moves_the_lease_and_a_lapsed_lease_releases,
@@ -702,7 +702,9 @@ async fn an_extend_reaches_366_days_from_the_start_and_no_further(db: Db) {
     assert_eq!(out["reservation"]["end"], start + DAYS_366);
 }
 
-async fn a_claim_left_by_an_extend_that_never_finished_lapses_after_ten_seconds(db: Db) {
+async fn a_claim_left_by_an_extend_that_never_finished_holds_others_off_ten_seconds_and_says_how_long(
+    db: Db,
+) {
     let w = world(db, 1, 64).await;
     let r = w.create(w.ask("k-1", 1)).await;
     // An extend claimed the reservation at T0 and its server stopped before deciding.
@@ -717,10 +719,18 @@ async fn a_claim_left_by_an_extend_that_never_finished_lapses_after_ten_seconds(
         let body = json!({ "tenantId": "tenant-a", "reservationId": r["id"], "by": "1h", "idempotencyKey": key });
         rpc(&w.tenant, "extend", body)
     };
+    w.server.set_clock(T0 + 2_500).await;
+    let (status, refused) = extend("e-early").await;
+    assert_error(status, &refused, StatusCode::CONFLICT, "CONFLICT");
+    assert_eq!(refused["error"]["details"]["reason"], "extend-in-flight");
+    assert_eq!(
+        refused["error"]["details"]["retryAfterSeconds"], 8,
+        "7.5 s of the claim left, rounded up: {refused}"
+    );
     w.server.set_clock(T0 + 9_999).await;
     let (status, refused) = extend("e-held").await;
     assert_error(status, &refused, StatusCode::CONFLICT, "CONFLICT");
-    assert_eq!(refused["error"]["details"]["reason"], "extend-in-flight");
+    assert_eq!(refused["error"]["details"]["retryAfterSeconds"], 1);
     w.server.set_clock(T0 + 10_000).await;
     let (status, out) = extend("e-lapsed").await;
     assert_eq!(status, StatusCode::OK, "{out}");
