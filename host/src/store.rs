@@ -256,8 +256,8 @@ impl DerefMut for Tx {
 /// query, on PostgreSQL as one statement of data-modifying `WITH` parts. Each statement is
 /// pushed with its own parameters numbered from `$1`; they are renumbered to follow the
 /// statements before. Only `INSERT`, `UPDATE` and `DELETE` without `RETURNING` go in a
-/// batch, and on PostgreSQL a `SELECT` that locks rows ([`Batch::push_lock`]). On
-/// PostgreSQL the parts see the same snapshot, so none may depend on another's rows.
+/// batch. On PostgreSQL the parts see the same snapshot, so none may depend on another's
+/// rows.
 pub struct Batch {
     statements: Vec<String>,
     values: Vec<Value>,
@@ -361,17 +361,6 @@ impl Batch {
     /// batch is one statement with one snapshot.
     pub fn sequential(&self) -> bool {
         !self.postgres
-    }
-
-    /// Adds `sql`, a `SELECT … FOR …` that locks rows (PostgreSQL only), whose count is
-    /// how many rows it locked. Its locks are taken however the other parts go; those see
-    /// the snapshot from before any wait for them.
-    pub fn push_lock(&mut self, sql: &str, values: Vec<Value>) -> &mut Batch {
-        assert!(
-            self.postgres && sql.starts_with("SELECT"),
-            "a lock is a PostgreSQL SELECT"
-        );
-        self.push(sql, values)
     }
 
     /// Adds `sql`, whose parameters `$1…` are `values`.
@@ -522,6 +511,25 @@ pub fn placeholders(first: usize, count: usize) -> String {
         .join(", ")
 }
 
+/// `value` as a PostgreSQL string literal, for a statement sent without parameters, in a
+/// round trip with others (the simple query protocol): an escape string (`E'…'`), whose
+/// meaning does not depend on `standard_conforming_strings`, with every quote and
+/// backslash escaped. A NUL, which no PostgreSQL string holds, is dropped.
+pub fn literal(value: &str) -> String {
+    let mut quoted = String::with_capacity(value.len() + 3);
+    quoted.push_str("E'");
+    for c in value.chars() {
+        match c {
+            '\'' => quoted.push_str("''"),
+            '\\' => quoted.push_str("\\\\"),
+            '\0' => {}
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('\'');
+    quoted
+}
+
 /// Whether `err` violates the named constraint: PostgreSQL names it, SQLite triggers
 /// raise it as their message.
 pub fn violates(err: &sqlx::Error, constraint: &str) -> bool {
@@ -612,7 +620,7 @@ fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::renumber;
+    use super::{literal, renumber};
 
     #[test]
     fn a_batched_statements_parameters_follow_those_before_it() {
@@ -622,5 +630,16 @@ mod tests {
         );
         assert_eq!(renumber("SELECT $1", 0), "SELECT $1");
         assert_eq!(renumber("x = '$' || $3$", 1), "x = '$' || $4$");
+    }
+
+    #[test]
+    fn a_literal_escapes_every_quote_and_backslash_whatever_the_server_reads_them_as() {
+        assert_eq!(literal("node-1"), "E'node-1'");
+        assert_eq!(literal(r"a'b\c"), r"E'a''b\\c'");
+        assert_eq!(
+            literal("'); DROP TABLE nodes; --"),
+            "E'''); DROP TABLE nodes; --'"
+        );
+        assert_eq!(literal("a\0b"), "E'ab'");
     }
 }

@@ -166,7 +166,44 @@ on_both_databases!(
     a_lease_with_a_future_start_counts_from_the_start,
     a_node_binding_books_the_whole_node,
     creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once,
+    creates_racing_with_one_key_on_every_replica_answer_one_reservation,
 );
+
+/// Sixteen creates with one idempotency key, spread over every replica and sent at once (a
+/// client trying again while its first try is still in flight): every one answers the same
+/// reservation, booked once and charged once.
+async fn creates_racing_with_one_key_on_every_replica_answer_one_reservation(db: Db) {
+    let f = fleet(db, 2, 64, json!({})).await;
+    let body = f.ask("k-same", 2, None);
+    let creates = (0..16)
+        .map(|i| {
+            let (tenant, body) = (f.tenant(i), body.clone());
+            async move { rpc(&tenant, "create", body).await }
+        })
+        .collect();
+    let answers = all(creates).await;
+    for (status, body) in &answers {
+        assert_eq!(*status, StatusCode::OK, "{body}");
+        assert_eq!(body["state"], "placed", "{body}");
+        assert_eq!(body["id"], answers[0].1["id"], "{body}");
+    }
+    let mut db = f.servers[0].database().await;
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM compute_reservations WHERE idempotency_key = 'k-same'",
+    )
+    .fetch_one(&mut db)
+    .await
+    .unwrap();
+    assert_eq!(stored, 1);
+    let booked: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM bookings WHERE reservation_id = $1 AND active")
+            .bind(answers[0].1["id"].as_str().unwrap())
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+    assert_eq!(booked, 2, "its two GPUs, booked once");
+    invariants::check(&f.servers[0]).await;
+}
 
 /// Sixteen creates, spread over every replica, each want 150 of the only node's 224 vCPUs
 /// (and one of its eight GPUs, not all the same one): exactly one is placed, the others wait, and the node's

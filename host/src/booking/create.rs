@@ -24,7 +24,7 @@ use crate::iam::policy::{self, Decision};
 use crate::iam::{Permission, Principal};
 use crate::pools::store::{Offer, Pool};
 use crate::settings::Version;
-use crate::store::{Batch, violates};
+use crate::store::{Backend, Batch, is_unique_violation, violates};
 use crate::{App, Error, Result};
 
 /// Checks the request against what the pool is: its device classes, sharing mode and
@@ -715,13 +715,17 @@ async fn write_placement(
         offer,
         stored,
     } = *placing;
-    // Where a batch runs its statements one after another, a new draft goes in the batch
-    // that writes its placement, so that the create writes in one round trip; unless the
-    // placement may write before that batch runs.
-    let mut draft = Batch::on(writer.conn());
-    let draft_with_placement =
-        !stored && draft.sequential() && !place::writes_at_once(&decided, attempt);
-    let mut locked = false;
+    let backend = app.store.backend();
+    let lock = place::lock_chosen(backend, pool, &decided, attempt);
+    // A new draft goes in the batch that writes its placement, so that the create writes in
+    // one round trip (two on PostgreSQL, the nodes' locks first); unless the placement may
+    // write before that batch runs. On PostgreSQL, whose batch is one statement with one
+    // snapshot, the reservation then goes in as placed (an update would not see the draft),
+    // and only where the locks stand for the checks the placement would read first.
+    let with_placement = !stored
+        && !place::writes_at_once(&decided, attempt)
+        && (backend == Backend::Sqlite || lock.is_some());
+    let inserted_placed = with_placement && backend == Backend::Postgres;
     let since = if stored {
         writer.start().await?;
         let tx = writer.conn();
@@ -734,19 +738,19 @@ async fn write_placement(
         r.version = current.version;
         r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id.take());
         Some(app.capacity.since(tx).await?)
-    } else {
-        push_draft(&mut draft, caller, r);
-        if draft_with_placement {
-            None
-        } else {
-            let mut batch = std::mem::replace(&mut draft, Batch::on(writer.conn()));
-            writer.begin_in(&mut batch);
-            locked = place::lock_chosen(&mut batch, pool, &decided, attempt);
-            let Some(since) = insert_draft(app, writer.conn(), batch).await? else {
-                return Ok(Written::Done(None));
-            };
-            Some(since)
+    } else if with_placement {
+        if let Some(lock) = &lock {
+            writer.start_with(lock).await?;
         }
+        None
+    } else {
+        let mut batch = Batch::on(writer.conn());
+        push_draft(&mut batch, caller, r);
+        writer.begin_in(&mut batch).await?;
+        let Some(since) = insert_draft(app, writer.conn(), batch).await? else {
+            return Ok(Written::Done(None));
+        };
+        Some(since)
     };
     let tx = writer.conn();
     if let Some(spent) = terms.spent {
@@ -763,13 +767,14 @@ async fn write_placement(
     // quota) are taken in the order a reclaim takes them, so the two never deadlock. The
     // bookings are written with what follows, in its round trip.
     let mut deferred = place::Deferred {
-        batch: draft,
-        expect: match since {
-            None => DRAFT_ROWS.to_vec(),
-            Some(_) => Vec::new(),
-        },
-        locked,
+        batch: Batch::on(tx),
+        expect: Vec::new(),
+        locked: lock.is_some() && with_placement,
     };
+    if with_placement && !inserted_placed {
+        push_draft(&mut deferred.batch, caller, r);
+        deferred.expect = DRAFT_ROWS.to_vec();
+    }
     // What to decide again from if the bookings lose in the final round trip, after the
     // placement marked `r` placed.
     let unplaced = r.clone();
@@ -788,7 +793,14 @@ async fn write_placement(
     let place::Deferred {
         mut batch, expect, ..
     } = deferred;
-    store::push_update(&mut batch, r);
+    // Where the draft's rows are in the answer, when it went in with the placement.
+    let draft_rows = with_placement.then_some(if inserted_placed { expect.len() } else { 0 });
+    if inserted_placed {
+        r.version += 1;
+        push_draft(&mut batch, caller, r);
+    } else {
+        store::push_update(&mut batch, r);
+    }
     let entry = Entry {
         org_id: &r.tenant_id,
         action: "compute-reservation.create",
@@ -806,19 +818,23 @@ async fn write_placement(
     let laying = place::laying(app, r, &preempted, now).await;
     // A booking loses to one the view had not seen (an overlap), or to a unit no longer on
     // its node (fewer rows).
-    writer.begin_in(&mut batch);
+    writer.begin_in(&mut batch).await?;
     let tx = writer.conn();
     let feed = app.capacity.since_sql();
     let executed = match since {
         Some(since) => {
             (batch.execute_then(tx, feed).await).map(|(rows, until)| (rows, since, until))
         }
-        None => (batch.execute_between(tx, feed, feed).await)
+        None if batch.sequential() => (batch.execute_between(tx, feed, feed).await)
             .map(|(rows, after, until)| (rows, app.capacity.since_of(after), until)),
+        None => (batch.execute_then(tx, feed).await)
+            .map(|(rows, txid)| (rows, app.capacity.since_of(txid), txid)),
     };
     let written = match executed {
         // The draft went in with the placement, and its id was taken meanwhile.
-        Ok((rows, ..)) if since.is_none() && rows[..DRAFT_ROWS.len()] != DRAFT_ROWS => {
+        Ok((rows, ..))
+            if draft_rows.is_some_and(|at| rows[at..at + DRAFT_ROWS.len()] != DRAFT_ROWS) =>
+        {
             return Ok(Written::Done(None));
         }
         Ok((rows, since, until)) if rows[..expect.len()] == expect[..] => {
@@ -826,6 +842,10 @@ async fn write_placement(
         }
         Ok(_) => None,
         Err(err) if violates(&err, "bookings_no_overlap") => None,
+        // A new draft's id taken by a create with the same key: its bookings' keys too.
+        Err(err) if draft_rows.is_some() && is_unique_violation(&err) => {
+            return Ok(Written::Done(None));
+        }
         Err(err) => return Err(err.into()),
     };
     let Some((rows, since, until)) = written else {
@@ -833,14 +853,21 @@ async fn write_placement(
         *r = unplaced;
         return Ok(Written::Lost(nodes));
     };
-    let rows = &rows[expect.len()..];
-    if rows[0] != 1 {
-        return Err(super::lifecycle::changed_concurrently(r));
-    }
-    if let Some(resource) = store::unfitting(charged, &rows[2..]) {
+    // The reservation's row (inserted as placed, or its draft updated), then its audit
+    // entry, then the charges.
+    let rows = match inserted_placed {
+        true => &rows[expect.len() + DRAFT_ROWS.len()..],
+        false if rows[expect.len()] != 1 => {
+            return Err(super::lifecycle::changed_concurrently(r));
+        }
+        false => {
+            r.version += 1;
+            &rows[expect.len() + 1..]
+        }
+    };
+    if let Some(resource) = store::unfitting(charged, &rows[1..]) {
         return Err(quota_exceeded(tx, r, terms.charge, terms.limits, &resource).await?);
     }
-    r.version += 1;
     Ok(Written::Keep {
         since: since.until(until),
         laying,

@@ -18,8 +18,8 @@
 //!
 //! A member's savepoint is never released: the next member's is taken on top of it, each
 //! rolled back to by name (the most recent of that name), and the commit releases them
-//! all, which spares a round trip per member. On SQLite the savepoint is taken in the
-//! member's first batch of statements ([`Member::savepoint_due`]), sparing another.
+//! all, which spares a round trip per member. The savepoint is taken in the member's first
+//! round trip ([`Writer::begin_in`], [`Writer::start_with`]), sparing another.
 //!
 //! The commit runs in a task of its own: a create whose client goes away while the group
 //! commits cancels nothing. A member that goes away before it is done is rolled back to its
@@ -142,11 +142,6 @@ impl Group {
                 done: watch::channel(None).0,
             });
         }
-        if store.backend() == Backend::Postgres
-            && let Some(savepoint) = member.savepoint_due()
-        {
-            execute(member.conn(), savepoint).await?;
-        }
         Ok(member)
     }
 
@@ -169,24 +164,14 @@ impl Member {
         (self.guard.as_mut().and_then(|g| g.as_mut())).expect("a member holds an open group")
     }
 
-    /// The group's transaction, to write this member's placement in: [`Member::savepoint_due`]
-    /// first.
-    pub(crate) fn conn(&mut self) -> &mut AnyConnection {
+    fn conn(&mut self) -> &mut AnyConnection {
         &mut self.open().tx
     }
 
     /// The statement that begins this member's writes (its savepoint), once: the caller
     /// runs it before anything else it writes.
-    pub(crate) fn savepoint_due(&mut self) -> Option<&'static str> {
+    fn savepoint_due(&mut self) -> Option<&'static str> {
         (!std::mem::replace(&mut self.started, true)).then_some(SAVEPOINT)
-    }
-
-    /// Has `batch`, about to run, begin this member's writes in its round trip (SQLite),
-    /// unless they were begun.
-    pub(crate) fn begin_in(&mut self, batch: &mut crate::store::Batch) {
-        if let Some(savepoint) = self.savepoint_due() {
-            batch.open_with(savepoint);
-        }
     }
 
     /// Keeps this member's writes: they commit with the group, and `laying` (read in the
@@ -258,8 +243,8 @@ pub(crate) enum Writer {
 }
 
 impl Writer {
-    /// The transaction to write in, once [`Writer::start`] (or [`Writer::begin_in`]) began
-    /// the writes.
+    /// The transaction to write in, once [`Writer::start`], [`Writer::start_with`] or
+    /// [`Writer::begin_in`] began the writes.
     pub(crate) fn conn(&mut self) -> &mut AnyConnection {
         match self {
             Writer::Member(member) => member.conn(),
@@ -269,20 +254,39 @@ impl Writer {
 
     /// Begins the writes (a member's savepoint) now, unless they were begun.
     pub(crate) async fn start(&mut self) -> Result<()> {
-        match self {
-            Writer::Member(member) => match member.savepoint_due() {
-                Some(savepoint) => execute(member.conn(), savepoint).await,
-                None => Ok(()),
-            },
-            Writer::Alone(_) => Ok(()),
+        if let Some(savepoint) = self.savepoint_due() {
+            execute(self.conn(), savepoint).await?;
         }
+        Ok(())
     }
 
-    /// Has `batch`, about to run, begin the writes in its round trip, unless they were
-    /// begun.
-    pub(crate) fn begin_in(&mut self, batch: &mut crate::store::Batch) {
-        if let Writer::Member(member) = self {
-            member.begin_in(batch);
+    /// Runs `sql`, a statement without parameters (sent in the simple query protocol),
+    /// beginning the writes in its round trip unless they were begun.
+    pub(crate) async fn start_with(&mut self, sql: &str) -> Result<()> {
+        let sql = match self.savepoint_due() {
+            Some(savepoint) => format!("{savepoint};\n{sql}"),
+            None => sql.to_string(),
+        };
+        sqlx::Executor::execute(self.conn(), sql.as_str()).await?;
+        Ok(())
+    }
+
+    /// Has `batch`, about to run, begin the writes unless they were begun: on SQLite in
+    /// its round trip, on PostgreSQL (whose batch is one statement) in one before it.
+    pub(crate) async fn begin_in(&mut self, batch: &mut crate::store::Batch) -> Result<()> {
+        if batch.postgres() {
+            return self.start().await;
+        }
+        if let Some(savepoint) = self.savepoint_due() {
+            batch.open_with(savepoint);
+        }
+        Ok(())
+    }
+
+    fn savepoint_due(&mut self) -> Option<&'static str> {
+        match self {
+            Writer::Member(member) => member.savepoint_due(),
+            Writer::Alone(_) => None,
         }
     }
 

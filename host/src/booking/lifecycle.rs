@@ -174,7 +174,7 @@ async fn write_end(
     let charge = mark_ended(r, state, reason, now);
     let feed = app.capacity.since_sql();
     let mut batch = Batch::on(writer.conn());
-    writer.begin_in(&mut batch);
+    writer.begin_in(&mut batch).await?;
     store::push_update(&mut batch, r);
     let (rows, after) = batch.execute_then(writer.conn(), feed).await?;
     if rows != [1] {

@@ -30,7 +30,7 @@ use crate::capacity::{Assumed, Assumption, Change};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::settings::Version;
-use crate::store::{Backend, Batch, Value, violates};
+use crate::store::{Backend, Batch, violates};
 use crate::{App, Error, Result};
 
 /// How many candidate nodes a placer is offered at first: enough for a good fit, few
@@ -64,35 +64,38 @@ pub(super) struct Deferred {
     pub locked: bool,
 }
 
-/// Adds to `batch` (PostgreSQL's, run before the batch that writes the placement) the locks
-/// on the nodes `decided` chose, when the bookings will be written in that later batch and
-/// no node reservation claims the nodes: that batch's statement then starts after the
-/// locks, so its checks of each node ([`node_room`]) see every placement that held the lock
-/// before, and no separate check is needed. Answers whether it added them.
-pub(super) fn lock_chosen(batch: &mut Batch, pool: &Pool, decided: &Decided, attempt: u32) -> bool {
+/// The statement that locks the nodes `decided` chose, on PostgreSQL, when the bookings
+/// will be written in the caller's batch and no node reservation claims the nodes: run in
+/// a round trip before that batch, whose statement then starts after the locks, so that
+/// its checks of each node ([`node_room`]) see every placement that held the lock before,
+/// and no separate check is needed. `None` where no such lock is taken.
+pub(super) fn lock_chosen(
+    backend: Backend,
+    pool: &Pool,
+    decided: &Decided,
+    attempt: u32,
+) -> Option<String> {
     let Decided::Chosen(chosen) = decided else {
-        return false;
+        return None;
     };
     // A pool-lease pool takes its pool lock first, then the nodes'.
-    if !batch.postgres()
+    if backend != Backend::Postgres
         || chosen.claimed
         || writes_at_once(decided, attempt)
         || pool.policy.placer == PlacerMode::PoolLease
     {
-        return false;
+        return None;
     }
-    let ids: Vec<Value> = chosen
+    let ids: Vec<String> = chosen
         .members
         .iter()
-        .map(|m| Value::from(&m.node_id))
+        .map(|m| crate::store::literal(&m.node_id))
         .collect();
     // In id order, so that two placements sharing nodes never wait for each other.
-    let sql = format!(
+    Some(format!(
         "SELECT id FROM nodes WHERE id IN ({}) ORDER BY id FOR NO KEY UPDATE",
-        crate::store::placeholders(1, ids.len())
-    );
-    batch.push_lock(&sql, ids);
-    true
+        ids.join(", ")
+    ))
 }
 
 /// Where [`book`] writes the bookings.
