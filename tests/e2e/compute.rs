@@ -809,6 +809,56 @@ async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
     assert_eq!(next["reservation"]["end"], T0 + 4 * HOUR, "{next}");
 }
 
+/// PostgreSQL only: on SQLite the extend's transaction holds the one writer while it is
+/// held, so no create can commit inside its window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_whose_units_are_booked_after_its_check_answers_until_when_not_500() {
+    // The server holds an extend that found nothing in its way until `gate` exists.
+    let gates = tempfile::tempdir().unwrap();
+    let gate = gates.path().join("open");
+    let options = Options {
+        env: vec![(
+            "ORL_TEST_EXTEND_BOOK_GATE".to_string(),
+            gate.display().to_string(),
+        )],
+        ..Options::default()
+    };
+    let server = Server::start_with(Db::Postgres, options).await;
+    let w = world_on(server, 1, json!({ "gpu": 64 }), json!({})).await;
+    let held = w.create(w.ask("k-held", 8)).await;
+    let end = held["end"].as_i64().expect("end");
+    let body = json!({ "tenantId": "tenant-a", "reservationId": held["id"], "by": "1h", "idempotencyKey": "e-1" });
+    let tenant = w.tenant.clone();
+    let extend = tokio::spawn(async move { rpc(&tenant, "extend", body).await });
+    let reached = gates.path().join("open.reached");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !reached.exists() {
+        if extend.is_finished() {
+            panic!(
+                "the extend answered before its bookings: {:?}",
+                extend.await
+            );
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the extend never reached its bookings"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The node's eight GPUs are booked from the held reservation's end, after the extend
+    // looked and before it moves its bookings.
+    let mut later = w.ask("k-later", 8);
+    later["start"] = json!(end);
+    let later = w.create(later).await;
+    assert_eq!(later["state"], "placed", "{later}");
+    std::fs::write(&gate, b"").unwrap();
+    let (status, out) = extend.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["extended"], false, "{out}");
+    assert_eq!(out["availableUntil"], end, "{out}");
+    assert_eq!(w.get(&held["id"]).await.1["end"], end, "nothing moved");
+}
+
 async fn a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before(db: Db) {
     let w = world(db, 1, 64).await;
     w.create(w.ask("k-fill", 8)).await;

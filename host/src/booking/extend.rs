@@ -109,7 +109,7 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
     }
     tx.commit().await?;
     #[cfg(debug_assertions)]
-    hold_claimed_extend().await;
+    hold_at("ORL_TEST_EXTEND_GATE").await;
 
     let decided = decide_extension(app, caller, &r, new_end).await;
     // Whatever was decided, the claim is given back, on the reservation as it is now.
@@ -169,16 +169,23 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
     })
 }
 
-/// Debug builds only, for the race tests: while the environment names a file in
-/// `ORL_TEST_EXTEND_GATE` that does not exist yet, an extend that has claimed its
-/// reservation waits before deciding, so a test can send a second extend into that window
-/// and then let the first one finish by creating the file.
+/// Debug builds only, for the race tests: while the environment variable `gate` names a
+/// file that does not exist yet, an extend waits where it calls this, so a test can send
+/// another request into that window and then let the extend go on by creating the file.
+/// On arriving it creates `<file>.reached`, which the test can wait for.
+/// `ORL_TEST_EXTEND_GATE` holds an extend that has claimed its reservation, before it
+/// decides; `ORL_TEST_EXTEND_BOOK_GATE` one that found no later booking in its way, before
+/// it moves its bookings.
 #[cfg(debug_assertions)]
-async fn hold_claimed_extend() {
-    let Some(gate) = std::env::var_os("ORL_TEST_EXTEND_GATE") else {
+async fn hold_at(gate: &str) {
+    let Some(file) = std::env::var_os(gate) else {
         return;
     };
-    while !std::path::Path::new(&gate).exists() {
+    let file = std::path::PathBuf::from(file);
+    let mut reached = file.clone().into_os_string();
+    reached.push(".reached");
+    let _ = std::fs::write(reached, b"");
+    while !file.exists() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
@@ -201,6 +208,8 @@ async fn book_until(
     if let Some(at) = blocked.into_iter().flatten().min() {
         return Ok(Ok(Some(at)));
     }
+    #[cfg(debug_assertions)]
+    hold_at("ORL_TEST_EXTEND_BOOK_GATE").await;
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
     match store::extend_bookings(&mut savepoint, &r.id, new_end).await {
         Ok(()) => {
