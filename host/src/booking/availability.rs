@@ -242,7 +242,7 @@ fn fits_alone(node: &Arc<NodeCapacity>, search: &Search<'_>, start: i64) -> Opti
         scan: Default::default(),
         smallest_share: None,
     };
-    let snapshot = Snapshot::of(list, "", start, start + search.duration_ms, search.now);
+    let snapshot = Snapshot::of(list, None, start, start + search.duration_ms, search.now);
     let offer = snapshot.candidates(search.r, false, None);
     if offer.candidates.nodes.is_empty() {
         return None;
@@ -371,7 +371,7 @@ fn gang_at(nodes: &PoolList, search: &Search<'_>, start: i64) -> Option<super::p
         scan: Default::default(),
         smallest_share: nodes.smallest_share,
     };
-    let snapshot = Snapshot::of(pool, "", start, start + search.duration_ms, search.now);
+    let snapshot = Snapshot::of(pool, None, start, start + search.duration_ms, search.now);
     super::gang::decide(&NativeDefault, search.r, &snapshot)
         .ok()?
         .ok()
@@ -538,7 +538,7 @@ pub async fn availability(
             scan: nodes.scan.clone(),
             smallest_share: nodes.smallest_share,
         },
-        "",
+        None,
         0,
         0,
         0,
@@ -925,12 +925,12 @@ pub(super) mod tests {
             let gpus = [1, 2, 4, 8][rng.random_range(0..4)];
             let r = reservation(gpus, gpus <= 4 && rng.random_bool(0.5));
             let start = rng.random_range(0..40) * HOUR;
-            let snapshot = Snapshot::of(pool(nodes), "", start, start + 4 * HOUR, 0);
+            let snapshot = Snapshot::of(pool(nodes), None, start, start + 4 * HOUR, 0);
             let census = snapshot.census(&r);
             assert_eq!(census.nodes, count);
             assert_eq!(snapshot.candidates(&r, false, None).census, Some(census));
         }
-        let snapshot = Snapshot::of(pool(random_nodes(&mut rng, 4, 0.5)), "", 0, HOUR, 0);
+        let snapshot = Snapshot::of(pool(random_nodes(&mut rng, 4, 0.5)), None, 0, HOUR, 0);
         // A partial read, or one for preemption, counts nothing.
         assert_eq!(
             snapshot
@@ -958,7 +958,7 @@ pub(super) mod tests {
             node("free", Vec::new()),
         ];
         let r = reservation(4, true);
-        let snapshot = Snapshot::of(pool(nodes), "", 0, HOUR, 0);
+        let snapshot = Snapshot::of(pool(nodes), None, 0, HOUR, 0);
         let census = snapshot.census(&r);
         assert_eq!(
             (
@@ -983,7 +983,7 @@ pub(super) mod tests {
                 "busy",
                 (0..8).map(|u| booking("busy", u, 0, 5)).collect(),
             )]),
-            "",
+            None,
             0,
             HOUR,
             0,
@@ -1012,7 +1012,7 @@ pub(super) mod tests {
             node_in_domains("whole", 8, vec![booking("whole", 0, 0, 5)]),
         ];
         let r = reservation(8, true);
-        let snapshot = Snapshot::of(pool(nodes), "", 0, HOUR, 0);
+        let snapshot = Snapshot::of(pool(nodes), None, 0, HOUR, 0);
         let census = snapshot.census(&r);
         assert_eq!((census.split, census.busy, census.fit), (2, 1, 0));
         let offer = snapshot.candidates(&r, false, None);
@@ -1031,7 +1031,7 @@ pub(super) mod tests {
             node_in_domains("whole", 8, Vec::new()),
             node("free", Vec::new()),
         ]);
-        let snapshot = Snapshot::of(nodes, "", 0, HOUR, 0);
+        let snapshot = Snapshot::of(nodes, None, 0, HOUR, 0);
         let offered = |gpus: i64, nvlink_all: bool| -> Vec<u32> {
             let offer = snapshot.candidates(&reservation(gpus, nvlink_all), false, None);
             offer.candidates.nodes.iter().map(|n| n.id).collect()

@@ -194,10 +194,9 @@ pub struct Snapshot {
     scan: Arc<AtomicUsize>,
     /// [`PoolList::smallest_share`].
     smallest_share: Option<crate::pools::PerGpu>,
-    /// The reservation deciding: its own bookings do not hold anything against it. Empty
-    /// for one that holds nothing, with no hash.
-    own: String,
-    own_hash: Option<u64>,
+    /// The reservation deciding, where it holds units anywhere: its own bookings do not
+    /// hold anything against it.
+    own: Option<Own>,
     start: i64,
     end: i64,
     now: i64,
@@ -237,6 +236,15 @@ impl NodeWindow<'_> {
     }
 }
 
+/// A reservation deciding, with its [`reservation_hash`].
+///
+/// [`reservation_hash`]: crate::capacity::reservation_hash
+#[derive(Clone)]
+struct Own {
+    id: String,
+    hash: u64,
+}
+
 impl Snapshot {
     /// The nodes of pool `pool_id` as the capacity view holds them, read over `r`'s window
     /// for `r` (its own bookings, where it holds any, do not count), with node-reservation
@@ -244,7 +252,7 @@ impl Snapshot {
     pub async fn load(app: &App, pool_id: &str, r: &Reservation, now: i64) -> Result<Snapshot> {
         // One that holds no units (a draft, or one still waiting) is told apart from what
         // holds a node without looking at who does.
-        let own = if r.members.is_empty() { "" } else { &r.id };
+        let own = (!r.members.is_empty()).then_some(r.id.as_str());
         let nodes = app.capacity.pool(pool_id).await?;
         Ok(Snapshot::of(nodes, own, r.start_ms, r.end_ms, now))
     }
@@ -252,7 +260,13 @@ impl Snapshot {
     /// The pool's nodes as the capacity view holds them, without a window: what a request
     /// is checked against before it is decided.
     pub async fn inventory(app: &App, pool_id: &str) -> Result<Snapshot> {
-        Ok(Snapshot::of(app.capacity.pool(pool_id).await?, "", 0, 0, 0))
+        Ok(Snapshot::of(
+            app.capacity.pool(pool_id).await?,
+            None,
+            0,
+            0,
+            0,
+        ))
     }
 
     /// The same nodes as `self`, with `changed` read again on `conn`: a transaction that
@@ -283,20 +297,21 @@ impl Snapshot {
             scan: self.scan.clone(),
             smallest_share: self.smallest_share,
         };
-        Ok(Snapshot::of(
-            nodes, &self.own, self.start, self.end, self.now,
-        ))
+        let own = self.own.as_ref().map(|o| o.id.as_str());
+        Ok(Snapshot::of(nodes, own, self.start, self.end, self.now))
     }
 
-    /// `nodes` read over the window `[start, end)` for the reservation `own` (`""` for one
-    /// that holds nothing).
-    pub fn of(nodes: PoolList, own: &str, start: i64, end: i64, now: i64) -> Snapshot {
+    /// `nodes` read over the window `[start, end)` for the reservation `own` (`None` for
+    /// one that holds nothing).
+    pub fn of(nodes: PoolList, own: Option<&str>, start: i64, end: i64, now: i64) -> Snapshot {
         Snapshot {
             nodes: nodes.nodes,
             scan: nodes.scan,
             smallest_share: nodes.smallest_share,
-            own: own.to_string(),
-            own_hash: (!own.is_empty()).then(|| crate::capacity::reservation_hash(own)),
+            own: own.map(|id| Own {
+                id: id.to_string(),
+                hash: crate::capacity::reservation_hash(id),
+            }),
             start,
             end,
             now,
@@ -341,7 +356,15 @@ impl Snapshot {
     }
 
     fn overlaps(&self, start: i64, end: i64, reservation_id: &str) -> bool {
-        start < self.end && end > self.start && reservation_id != self.own
+        start < self.end
+            && end > self.start
+            && self.own.as_ref().is_none_or(|own| own.id != reservation_id)
+    }
+
+    /// Whether a booking of `reservation_id`, whose hash is `hash`, is the deciding
+    /// reservation's (the hash tells most others apart without comparing ids).
+    fn is_own(&self, hash: u64, reservation_id: &str) -> bool {
+        (self.own.as_ref()).is_some_and(|own| own.hash == hash && own.id == reservation_id)
     }
 
     /// The host resources booked on `capacity` over the window by others than the deciding
@@ -349,9 +372,7 @@ impl Snapshot {
     fn host_used(&self, capacity: &NodeCapacity) -> (HostBooking, HostBooking) {
         let (mut all, mut steady) = (HostBooking::default(), HostBooking::default());
         for (h, _) in capacity.host_spans().filter(|(h, hash)| {
-            h.start_ms < self.end
-                && h.end_ms > self.start
-                && (Some(*hash) != self.own_hash || h.reservation_id != self.own)
+            h.start_ms < self.end && h.end_ms > self.start && !self.is_own(*hash, &h.reservation_id)
         }) {
             let booked = HostBooking {
                 vcpu: h.vcpu,
@@ -375,8 +396,10 @@ impl Snapshot {
         for span in capacity.spans() {
             let overlaps = span.start_ms < self.end
                 && span.end_ms > self.start
-                && (Some(span.reservation) != self.own_hash
-                    || capacity.bookings[span.booking as usize].reservation_id != self.own);
+                && !self.is_own(
+                    span.reservation,
+                    &capacity.bookings[span.booking as usize].reservation_id,
+                );
             if overlaps {
                 let h = &mut out.held[span.unit as usize];
                 h.count += 1;
@@ -856,7 +879,8 @@ impl Snapshot {
     /// binding).
     fn at_a_glance(&self, n: usize, r: &Reservation) -> Option<Verdict> {
         let capacity = &self.nodes[n];
-        held_until(capacity, r, self.own_hash, (self.start, self.end))?;
+        let own_hash = self.own.as_ref().map(|own| own.hash);
+        held_until(capacity, r, own_hash, (self.start, self.end))?;
         let host = &capacity.node.host;
         // All the host bookings added up leave room, or those over the window do.
         let [vcpu, memory_gib, hugepages_1gi] = capacity.host_booked_at_most();
@@ -969,7 +993,6 @@ impl Snapshot {
             scan: self.scan.clone(),
             smallest_share: self.smallest_share,
             own: self.own.clone(),
-            own_hash: self.own_hash,
             start: self.start,
             end: self.end,
             now: self.now,
@@ -1345,7 +1368,7 @@ mod tests {
                 r.binding = super::super::Binding::Node;
             }
             // The deciding reservation holds nothing, or some of what is booked.
-            let own = ["", "a", "z"][rng.random_range(0..3)];
+            let own = [None, Some("a"), Some("z")][rng.random_range(0..3)];
             let start = rng.random_range(0..24) * HOUR;
             let snapshot =
                 Snapshot::of(nodes, own, start, start + rng.random_range(1..6) * HOUR, 0);

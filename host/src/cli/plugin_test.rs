@@ -367,7 +367,7 @@ fn pool_of(scenario: &Scenario, now: i64) -> anyhow::Result<Pool> {
     };
     let snapshot = Snapshot::of(
         list,
-        &reservation.id,
+        Some(&reservation.id),
         reservation.start_ms,
         reservation.end_ms,
         now,
