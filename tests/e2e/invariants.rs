@@ -1,7 +1,8 @@
 //! The rules that must hold after any sequence of requests, read from the database itself:
 //! no unit booked (or billed) twice, nor claimed by two node reservations at once, no node's
 //! host resources booked past what it has, quota equal to the sum of live charges, bookings
-//! consistent with states, and one terminal event per ended reservation.
+//! consistent with states, and one terminal event per ended reservation, named for how it
+//! ended.
 
 use std::collections::BTreeMap;
 
@@ -216,5 +217,13 @@ pub async fn check_database(url: &str, calls: &[Call]) {
             (Some(id.as_str()), Some(state.as_str())),
             "reservation {id} is {state}, but its last event {kind} says otherwise: {payload}"
         );
+        // An ended one's last event is named for how it ended.
+        if TERMINAL.contains(&state.as_str()) {
+            assert_eq!(
+                *kind,
+                format!("reservation.{state}"),
+                "reservation {id} is {state}, but its terminal event is {kind}"
+            );
+        }
     }
 }
