@@ -737,19 +737,33 @@ async fn a_claim_left_by_an_extend_that_never_finished_holds_others_off_ten_seco
     assert_eq!(out["extended"], true, "{out}");
 }
 
-async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
-    // The server holds every extend between its claim and its decision until `gate` exists.
+/// A world on a server whose extends wait at the debug-build gate `var` (see
+/// `extend::hold_at`) until the file `gate` exists, in the directory `gates`.
+struct Gated {
+    w: World,
+    gates: tempfile::TempDir,
+    gate: std::path::PathBuf,
+}
+
+async fn gated_world(db: Db, var: &str) -> Gated {
     let gates = tempfile::tempdir().unwrap();
     let gate = gates.path().join("open");
     let options = Options {
-        env: vec![(
-            "ORL_TEST_EXTEND_GATE".to_string(),
-            gate.display().to_string(),
-        )],
+        env: vec![(var.to_string(), gate.display().to_string())],
         ..Options::default()
     };
     let server = Server::start_with(db, options).await;
     let w = world_on(server, 1, json!({ "gpu": 64 }), json!({})).await;
+    Gated { w, gates, gate }
+}
+
+async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
+    // The server holds every extend between its claim and its decision until `gate` exists.
+    let Gated {
+        w,
+        gate,
+        gates: _gates,
+    } = gated_world(db, "ORL_TEST_EXTEND_GATE").await;
     let r = w.create(w.ask("k-1", 1)).await;
     let id = r["id"].as_str().unwrap().to_string();
     let extend = |key: &str| {
@@ -814,17 +828,7 @@ async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extend_whose_units_are_booked_after_its_check_answers_until_when_not_500() {
     // The server holds an extend that found nothing in its way until `gate` exists.
-    let gates = tempfile::tempdir().unwrap();
-    let gate = gates.path().join("open");
-    let options = Options {
-        env: vec![(
-            "ORL_TEST_EXTEND_BOOK_GATE".to_string(),
-            gate.display().to_string(),
-        )],
-        ..Options::default()
-    };
-    let server = Server::start_with(Db::Postgres, options).await;
-    let w = world_on(server, 1, json!({ "gpu": 64 }), json!({})).await;
+    let Gated { w, gates, gate } = gated_world(Db::Postgres, "ORL_TEST_EXTEND_BOOK_GATE").await;
     let held = w.create(w.ask("k-held", 8)).await;
     let end = held["end"].as_i64().expect("end");
     let body = json!({ "tenantId": "tenant-a", "reservationId": held["id"], "by": "1h", "idempotencyKey": "e-1" });
