@@ -41,6 +41,8 @@ pub mod create;
 pub mod engine;
 pub mod extend;
 pub mod gang;
+#[cfg(debug_assertions)]
+mod gate;
 pub mod group;
 pub mod lifecycle;
 pub mod list;

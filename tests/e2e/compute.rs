@@ -863,6 +863,56 @@ async fn an_extend_whose_units_are_booked_after_its_check_answers_until_when_not
     assert_eq!(w.get(&held["id"]).await.1["end"], end, "nothing moved");
 }
 
+/// PostgreSQL only (a release there commits alone; on SQLite it writes in the one writer's
+/// turn, where no other transaction can hold a lock it waits for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_deadlocks_after_its_guarded_update_is_written_again_and_refunds_once() {
+    // The server holds a release whose guarded update matched until `gate` exists.
+    let Gated { w, gates, gate } = gated_world(Db::Postgres, "ORL_TEST_END_GATE").await;
+    let r = w.create(w.ask("k-1", 2)).await;
+    assert_eq!(w.used_gpus().await, 2);
+    let (tenant, id) = (w.tenant.clone(), r["id"].clone());
+    let body = json!({ "tenantId": "tenant-a", "reservationId": id });
+    let release = tokio::spawn(async move { rpc(&tenant, "release", body).await });
+    let reached = gates.path().join("open.reached");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !reached.exists() {
+        assert!(
+            !release.is_finished(),
+            "the release answered before its gate"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the release never reached its gate"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Another transaction takes the tenant's quota row, which the release refunds next, and
+    // then waits for the reservation's row, which the release holds: a deadlock, which
+    // PostgreSQL breaks by aborting the release (this session detects deadlocks last).
+    let mut other = w.server.database().await;
+    sqlx::query("SET deadlock_timeout = '30s'")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query("SELECT used FROM quota_usage WHERE tenant_id = 'tenant-a' FOR UPDATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    std::fs::write(&gate, b"").unwrap();
+    sqlx::query("UPDATE compute_reservations SET version = version WHERE id = $1")
+        .bind(r["id"].as_str().unwrap())
+        .execute(&mut other)
+        .await
+        .expect("the release is the one aborted");
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    let (status, released) = release.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{released}");
+    assert_eq!(released["state"], "released", "{released}");
+    assert_eq!(w.used_gpus().await, 0, "refunded once");
+}
+
 async fn a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before(db: Db) {
     let w = world(db, 1, 64).await;
     w.create(w.ask("k-fill", 8)).await;

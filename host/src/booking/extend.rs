@@ -109,7 +109,7 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
     }
     tx.commit().await?;
     #[cfg(debug_assertions)]
-    hold_at("ORL_TEST_EXTEND_GATE").await;
+    super::gate::hold_at("ORL_TEST_EXTEND_GATE").await;
 
     let decided = decide_extension(app, caller, &r, new_end).await;
     // Whatever was decided, the claim is given back, on the reservation as it is now.
@@ -169,27 +169,6 @@ pub async fn extend(app: &App, caller: &Principal, input: ExtendInput) -> Result
     })
 }
 
-/// Debug builds only, for the race tests: while the environment variable `gate` names a
-/// file that does not exist yet, an extend waits where it calls this, so a test can send
-/// another request into that window and then let the extend go on by creating the file.
-/// On arriving it creates `<file>.reached`, which the test can wait for.
-/// `ORL_TEST_EXTEND_GATE` holds an extend that has claimed its reservation, before it
-/// decides; `ORL_TEST_EXTEND_BOOK_GATE` one that found no later booking in its way, before
-/// it moves its bookings.
-#[cfg(debug_assertions)]
-async fn hold_at(gate: &str) {
-    let Some(file) = std::env::var_os(gate) else {
-        return;
-    };
-    let file = std::path::PathBuf::from(file);
-    let mut reached = file.clone().into_os_string();
-    reached.push(".reached");
-    let _ = std::fs::write(reached, b"");
-    while !file.exists() {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-}
-
 /// Moves the end of `r`'s bookings to `new_end`, unless a later booking of any of its units
 /// (on any gang member) starts before it, or a node reservation whose audience the tenant
 /// is not in claims one of them: then nothing moves and the answer is when that booking or
@@ -209,7 +188,7 @@ async fn book_until(
         return Ok(Ok(Some(at)));
     }
     #[cfg(debug_assertions)]
-    hold_at("ORL_TEST_EXTEND_BOOK_GATE").await;
+    super::gate::hold_at("ORL_TEST_EXTEND_BOOK_GATE").await;
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
     match store::extend_bookings(&mut savepoint, &r.id, new_end).await {
         Ok(()) => {

@@ -180,6 +180,8 @@ async fn write_end(
     if rows != [1] {
         return Ok(None);
     }
+    #[cfg(debug_assertions)]
+    super::gate::hold_at("ORL_TEST_END_GATE").await;
     r.version += 1;
     let conn = writer.conn();
     let mut batch = ended_effects(conn, r, state, reason, charge, now).await?;
