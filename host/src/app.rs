@@ -47,14 +47,15 @@ impl App {
         let replica = crate::ids::new_id("rep", clock.now_ms());
         // Plugins' log lines carry the server's time and this replica's id.
         policy.logs().attach(clock.clone(), &replica);
+        let metrics = Arc::new(Metrics::with_names(policy.names()));
         Arc::new(App {
-            placements: crate::booking::group::Group::new(capacity.clone()),
+            placements: crate::booking::group::Group::new(capacity.clone(), metrics.write_turn()),
             capacity,
             settings: crate::settings::Settings::default(),
             replica,
             store,
             clock,
-            metrics: Arc::new(Metrics::with_names(policy.names())),
+            metrics,
             policy,
             data_dir,
             provider_share_bps,

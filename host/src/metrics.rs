@@ -290,6 +290,14 @@ pub const RESERVATION_STATES: [&str; 7] = [
     "releasing",
 ];
 
+/// What the group commit ([`crate::booking::group`]) counts of its write turn.
+#[derive(Clone, Default)]
+pub struct WriteTurn {
+    pub held: Counter<f64, AtomicU64>,
+    pub writes: Counter,
+    pub commits: Counter,
+}
+
 /// The server's metrics and the registry that renders them.
 pub struct Metrics {
     registry: Registry,
@@ -315,6 +323,7 @@ pub struct Metrics {
     scrape_errors: Counter,
     /// Components the policy host compiled, as of the last scrape.
     plugin_compiles: Counter,
+    write_turn: WriteTurn,
     /// One scrape at a time works out and replaces the live gauges.
     scraping: tokio::sync::Mutex<()>,
 }
@@ -443,7 +452,24 @@ impl Metrics {
             "Plugin components compiled by Cranelift (once per component: concurrent uploads of the same bytes share one compile, and precompiled artifacts read back from disk are not counted)",
             plugin_compiles.clone(),
         );
+        let write_turn = WriteTurn::default();
+        registry.register(
+            "write_turn_held_seconds",
+            "Time the replica's write turn was held: placements (and on SQLite terminal moves) write one after another in the open group commit's transaction, each holding the turn for its round trips. Its rate is the share of time the turn was busy: near 1, writes queue for it and creates wait longer",
+            write_turn.held.clone(),
+        );
+        registry.register(
+            "write_turn_writes",
+            "Writes that took the replica's write turn, kept or rolled back",
+            write_turn.writes.clone(),
+        );
+        registry.register(
+            "write_group_commits",
+            "Commits of the replica's group commit (orl_write_turn_writes_total divided by this: the writes one commit takes)",
+            write_turn.commits.clone(),
+        );
         Metrics {
+            write_turn,
             registry,
             requests,
             latency,
@@ -465,6 +491,11 @@ impl Metrics {
             plugin_compiles,
             scraping: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The write turn's counters, for the group commit to keep.
+    pub fn write_turn(&self) -> WriteTurn {
+        self.write_turn.clone()
     }
 
     /// Counts one answered request and its latency.

@@ -10,6 +10,7 @@ on_both_databases!(
     metrics_count_requests_by_route_and_status,
     metrics_gauge_each_unit_in_one_state_and_reservations_by_state,
     metrics_time_each_policy_decision_by_plugin_and_world,
+    metrics_count_the_write_turn_each_placement_took_and_its_group_commits,
     alert_rules_and_dashboard_name_only_metrics_the_server_exports,
     openapi_describes_every_v1_route,
     demo_seeds_four_h100_nodes_and_prints_working_keys,
@@ -213,6 +214,25 @@ async fn metrics_gauge_each_unit_in_one_state_and_reservations_by_state(db: Db) 
     );
     let lag = samples["orl_reconciler_lag_seconds"];
     assert!((0.0..=60.0).contains(&lag), "{text}");
+}
+
+async fn metrics_count_the_write_turn_each_placement_took_and_its_group_commits(db: Db) {
+    let (_server, _pool, text) = loaded_platform(db).await;
+    let samples = samples(&text);
+    // Three creates wrote their placement (two placed, one pending), one after another:
+    // each in a group of its own.
+    assert_eq!(
+        samples.get("orl_write_turn_writes_total"),
+        Some(&3.0),
+        "{text}"
+    );
+    assert_eq!(
+        samples.get("orl_write_group_commits_total"),
+        Some(&3.0),
+        "{text}"
+    );
+    let held = samples["orl_write_turn_held_seconds_total"];
+    assert!(held > 0.0 && held < 10.0, "{text}");
 }
 
 async fn metrics_time_each_policy_decision_by_plugin_and_world(db: Db) {

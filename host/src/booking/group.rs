@@ -21,12 +21,17 @@
 //! all, which spares a round trip per member. The savepoint is taken in the member's first
 //! round trip ([`Writer::begin_in`], [`Writer::start_with`]), sparing another.
 //!
+//! The turn is the replica's write throughput: `orl_write_turn_held_seconds_total` counts
+//! how long members held it, `orl_write_turn_writes_total` and
+//! `orl_write_group_commits_total` how many took it and how many commits they made.
+//!
 //! The commit runs in a task of its own: a create whose client goes away while the group
 //! commits cancels nothing. A member that goes away before it is done is rolled back to its
 //! savepoint, and the group goes on (or commits) without it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use futures::future::BoxFuture;
 use sqlx::AnyConnection;
@@ -34,6 +39,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::engine::Laying;
 use crate::capacity::{Edit, Since, View};
+use crate::metrics::WriteTurn;
 use crate::store::{Backend, Store, Tx};
 use crate::{Error, Result};
 
@@ -54,6 +60,7 @@ struct Shared {
     open: Arc<Mutex<Option<Open>>>,
     waiting: AtomicUsize,
     view: Arc<View>,
+    turn: WriteTurn,
 }
 
 type Guard = OwnedMutexGuard<Option<Open>>;
@@ -75,6 +82,8 @@ struct Open {
 /// [`Member::keep`] or [`Member::drop_writes`], its writes are rolled back.
 pub struct Member {
     group: Group,
+    /// When it took the turn.
+    since: Instant,
     guard: Option<Guard>,
     /// Whether its savepoint was started (or sent with its first batch).
     started: bool,
@@ -101,11 +110,12 @@ impl Drop for Waiting {
 }
 
 impl Group {
-    pub fn new(view: Arc<View>) -> Group {
+    pub fn new(view: Arc<View>, turn: WriteTurn) -> Group {
         Group(Arc::new(Shared {
             open: Arc::default(),
             waiting: AtomicUsize::new(0),
             view,
+            turn,
         }))
     }
 
@@ -122,6 +132,7 @@ impl Group {
         drop(waiting);
         let mut member = Member {
             group: self.clone(),
+            since: Instant::now(),
             guard: Some(guard),
             started: false,
         };
@@ -145,6 +156,12 @@ impl Group {
         Ok(member)
     }
 
+    /// Counts a member's turn, taken at `since`, as it ends.
+    fn count_turn(&self, since: Instant) {
+        self.0.turn.writes.inc();
+        self.0.turn.held.inc_by(since.elapsed().as_secs_f64());
+    }
+
     /// Hands the group to the next create waiting to join, or, when nobody waits or it is
     /// full, commits it (in a task of its own: the next group may begin meanwhile).
     fn settle(&self, mut guard: Guard) {
@@ -154,6 +171,7 @@ impl Group {
         }
         let Some(open) = guard.take() else { return };
         drop(guard);
+        self.0.turn.commits.inc();
         let view = self.0.view.clone();
         tokio::spawn(async move { open.commit(&view).await });
     }
@@ -206,6 +224,7 @@ impl Member {
 
     fn hand_on(&mut self) {
         if let Some(guard) = self.guard.take() {
+            self.group.count_turn(self.since);
             self.group.settle(guard);
         }
     }
@@ -217,11 +236,13 @@ impl Drop for Member {
             return;
         };
         let (group, started) = (self.group.clone(), self.started);
+        let since = self.since;
         tokio::spawn(async move {
             let rolled_back = match guard.as_mut() {
                 Some(open) if started => execute(&mut open.tx, ROLLBACK).await,
                 _ => Ok(()),
             };
+            group.count_turn(since);
             match rolled_back {
                 Ok(()) => group.settle(guard),
                 Err(err) => {
