@@ -863,54 +863,129 @@ async fn an_extend_whose_units_are_booked_after_its_check_answers_until_when_not
     assert_eq!(w.get(&held["id"]).await.1["end"], end, "nothing moved");
 }
 
-/// PostgreSQL only (a release there commits alone; on SQLite it writes in the one writer's
-/// turn, where no other transaction can hold a lock it waits for).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_that_deadlocks_after_its_guarded_update_is_written_again_and_refunds_once() {
-    // The server holds a release whose guarded update matched until `gate` exists.
+/// A release held at `ORL_TEST_END_GATE` (its guarded update matched), its answer to come.
+struct HeldRelease {
+    w: World,
+    gates: tempfile::TempDir,
+    gate: std::path::PathBuf,
+    id: String,
+    answer: tokio::task::JoinHandle<(StatusCode, Value)>,
+}
+
+/// A world on PostgreSQL whose reservation of 2 GPUs is being released, the release held at
+/// its gate. PostgreSQL only: a release there commits alone; on SQLite it writes in the one
+/// writer's turn, where no other transaction holds a lock it could wait for.
+async fn held_release() -> HeldRelease {
     let Gated { w, gates, gate } = gated_world(Db::Postgres, "ORL_TEST_END_GATE").await;
     let r = w.create(w.ask("k-1", 2)).await;
     assert_eq!(w.used_gpus().await, 2);
-    let (tenant, id) = (w.tenant.clone(), r["id"].clone());
-    let body = json!({ "tenantId": "tenant-a", "reservationId": id });
-    let release = tokio::spawn(async move { rpc(&tenant, "release", body).await });
-    let reached = gates.path().join("open.reached");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !reached.exists() {
-        assert!(
-            !release.is_finished(),
-            "the release answered before its gate"
-        );
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the release never reached its gate"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let id = r["id"].as_str().unwrap().to_string();
+    let (tenant, body) = (
+        w.tenant.clone(),
+        json!({ "tenantId": "tenant-a", "reservationId": id }),
+    );
+    let answer = tokio::spawn(async move { rpc(&tenant, "release", body).await });
+    HeldRelease {
+        w,
+        gates,
+        gate,
+        id,
+        answer,
     }
-    // Another transaction takes the tenant's quota row, which the release refunds next, and
-    // then waits for the reservation's row, which the release holds: a deadlock, which
-    // PostgreSQL breaks by aborting the release (this session detects deadlocks last).
-    let mut other = w.server.database().await;
-    sqlx::query("SET deadlock_timeout = '30s'")
-        .execute(&mut other)
-        .await
-        .unwrap();
-    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
-    sqlx::query("SELECT used FROM quota_usage WHERE tenant_id = 'tenant-a' FOR UPDATE")
-        .execute(&mut other)
-        .await
-        .unwrap();
-    std::fs::write(&gate, b"").unwrap();
-    sqlx::query("UPDATE compute_reservations SET version = version WHERE id = $1")
-        .bind(r["id"].as_str().unwrap())
-        .execute(&mut other)
-        .await
-        .expect("the release is the one aborted");
-    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
-    let (status, released) = release.await.unwrap();
+}
+
+impl HeldRelease {
+    /// Waits for the release at its gate, then deadlocks it: another transaction takes the
+    /// tenant's quota row, which the release refunds next, lets the release go on, and waits
+    /// for the reservation's row, which the release holds. PostgreSQL breaks the deadlock by
+    /// aborting the release (the other session detects deadlocks last); the other then rolls
+    /// back. With `again`, the gate is closed before the release is aborted, so that its next
+    /// attempt is held too.
+    async fn deadlock(&self, again: bool) {
+        let reached = self.gates.path().join("open.reached");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !reached.exists() {
+            assert!(
+                !self.answer.is_finished(),
+                "the release answered before its gate"
+            );
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the release never reached its gate"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let mut other = self.w.server.database().await;
+        for sql in [
+            "SET deadlock_timeout = '30s'",
+            "BEGIN",
+            "SELECT used FROM quota_usage WHERE tenant_id = 'tenant-a' FOR UPDATE",
+        ] {
+            sqlx::query(sql).execute(&mut other).await.unwrap();
+        }
+        std::fs::write(&self.gate, b"").unwrap();
+        if again {
+            // Once the release waits for the quota row, past its gate.
+            let mut watch = self.w.server.database().await;
+            loop {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&mut watch)
+                .await
+                .unwrap();
+                if waiting > 0 {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the release never waited"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            std::fs::remove_file(&self.gate).unwrap();
+            std::fs::remove_file(&reached).unwrap();
+        }
+        sqlx::query("UPDATE compute_reservations SET version = version WHERE id = $1")
+            .bind(&self.id)
+            .execute(&mut other)
+            .await
+            .expect("the release is the one aborted");
+        sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_deadlocks_after_its_guarded_update_is_written_again_and_refunds_once() {
+    let held = held_release().await;
+    held.deadlock(false).await;
+    let (status, released) = held.answer.await.unwrap();
     assert_eq!(status, StatusCode::OK, "{released}");
     assert_eq!(released["state"], "released", "{released}");
-    assert_eq!(w.used_gpus().await, 0, "refunded once");
+    assert_eq!(held.w.used_gpus().await, 0, "refunded once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_deadlocks_three_times_answers_conflict_and_changes_nothing() {
+    let mut held = held_release().await;
+    for _ in 0..3 {
+        held.deadlock(true).await;
+    }
+    let (status, err) = (&mut held.answer).await.unwrap();
+    assert_error(status, &err, StatusCode::CONFLICT, "CONFLICT");
+    assert_eq!(
+        err["error"]["details"]["reason"], "transaction-conflict",
+        "{err}"
+    );
+    let (_, r) = held.w.get(&json!(held.id)).await;
+    assert_eq!(r["state"], "placed", "{r}");
+    assert_eq!(held.w.used_gpus().await, 2, "nothing refunded");
+    // Tried again, it releases.
+    std::fs::write(&held.gate, b"").unwrap();
+    let (status, released) = held.w.call("release", &json!(held.id)).await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    assert_eq!(held.w.used_gpus().await, 0, "refunded once");
 }
 
 async fn a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before(db: Db) {
