@@ -6,7 +6,7 @@
 //! drives concurrent clients that create reservations of 1, 2, 4 and 8 GPUs (half of the 4s
 //! `nvlink-all`; an 8 is a whole node), releasing their oldest ones whenever the pool is more than 70 %
 //! booked. It prints creates per second, latency percentiles, answers by code, the server's
-//! CPU time per create and its resident memory, then the latency of `get`, `list`, a page
+//! CPU time per create, how busy its write turn was, and its resident memory, then the latency of `get`, `list`, a page
 //! of the catalog and a GraphQL page of 100 nodes. Last, it books units spread over the next
 //! 180 days (`--availability-bookings`) and times availability searches over that window.
 
@@ -86,6 +86,7 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
     );
     let capacity = (nodes * 8) as i64;
     let booked = Arc::new(AtomicI64::new(0));
+    let turn_before = WriteTurn::read(&api).await?;
     let cpu_before = server.cpu_seconds()?;
     let deadline = Instant::now() + args.duration;
     let mut clients = Vec::new();
@@ -128,6 +129,13 @@ async fn measure(server: &Server, nodes: usize, args: &ApiBench) -> anyhow::Resu
         cpu * 1000.0 / creates.max(1) as f64,
     );
     println!("  answers: {codes:?}");
+    let turn = WriteTurn::read(&api).await?.since(&turn_before);
+    println!(
+        "  write turn: held {:.0} % of the run, {:.2} ms a write, {:.1} writes a group commit",
+        turn.held * 100.0 / args.duration.as_secs_f64(),
+        turn.held * 1000.0 / turn.writes.max(1.0),
+        turn.writes / turn.commits.max(1.0),
+    );
     let booked = booked.load(Ordering::Relaxed);
     println!(
         "  pool booked at the end: {:.0} % ({booked} live unit bookings), server resident memory {:.0} MiB",
@@ -585,16 +593,11 @@ async fn full(
         ms(percentile(&mut latencies, 0.99)),
         cpu * 1000.0 / 50.0
     );
-    let retries = |text: &str, name: &str| -> f64 {
-        (text.lines())
-            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
     let figures = || async {
         let text = admin.text("/metrics").await?;
         anyhow::Ok((
-            retries(&text, "orl_pending_retries_total "),
-            retries(&text, "orl_pending_retry_seconds_total "),
+            sample(&text, "orl_pending_retries_total"),
+            sample(&text, "orl_pending_retry_seconds_total"),
         ))
     };
     let (tried_before, seconds_before) = figures().await?;
@@ -630,6 +633,39 @@ async fn full(
             .await?;
     }
     Ok(())
+}
+
+/// The value of the sample `name` (without labels) in the metrics `text`; 0 if absent.
+fn sample(text: &str, name: &str) -> f64 {
+    (text.lines())
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The server's write-turn counters (`orl_write_turn_*`, `orl_write_group_commits_total`).
+struct WriteTurn {
+    held: f64,
+    writes: f64,
+    commits: f64,
+}
+
+impl WriteTurn {
+    async fn read(admin: &Api) -> anyhow::Result<WriteTurn> {
+        let text = admin.text("/metrics").await?;
+        Ok(WriteTurn {
+            held: sample(&text, "orl_write_turn_held_seconds_total"),
+            writes: sample(&text, "orl_write_turn_writes_total"),
+            commits: sample(&text, "orl_write_group_commits_total"),
+        })
+    }
+
+    fn since(&self, before: &WriteTurn) -> WriteTurn {
+        WriteTurn {
+            held: self.held - before.held,
+            writes: self.writes - before.writes,
+            commits: self.commits - before.commits,
+        }
+    }
 }
 
 /// One create: its answer, its latency and the server CPU it took (seconds).
