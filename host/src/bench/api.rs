@@ -6,9 +6,10 @@
 //! drives concurrent clients that create reservations of 1, 2, 4 and 8 GPUs (half of the 4s
 //! `nvlink-all`; an 8 is a whole node), releasing their oldest ones whenever the pool is more than 70 %
 //! booked. It prints creates per second, latency percentiles, answers by code, the server's
-//! CPU time per create, how busy its write turn was, and its resident memory, then the latency of `get`, `list`, a page
-//! of the catalog and a GraphQL page of 100 nodes. Last, it books units spread over the next
-//! 180 days (`--availability-bookings`) and times availability searches over that window.
+//! CPU time per create, how busy its write turn was, and its resident memory, then the
+//! latency of `get`, `list`, a page of the catalog and a GraphQL page of 100 nodes. Last, it
+//! books units spread over the next 180 days (`--availability-bookings`) and times
+//! availability searches over that window.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::process::Stdio;
