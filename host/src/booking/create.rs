@@ -697,6 +697,52 @@ enum Written {
     Lost(Vec<String>),
 }
 
+/// Where a create's draft row is written, in a placement attempt.
+#[derive(Clone, Copy, PartialEq)]
+enum Draft {
+    /// Stored already (by an attempt before, or to wait for a confirmation): read again
+    /// under its lock, then updated.
+    Stored,
+    /// In a round trip of its own, before the placement, which may write before its batch
+    /// runs; then updated.
+    Ahead,
+    /// First in the batch that writes the placement, which then updates it: the create
+    /// writes in one round trip (SQLite, whose batch's statements run in turn).
+    InBatch,
+    /// In the batch that writes the placement, after the bookings, inserted as placed: on
+    /// PostgreSQL the batch is one statement with one snapshot, where an update would not see
+    /// the draft. Only where the nodes' locks ([`place::lock_chosen`]) stand for the checks
+    /// the placement would read first.
+    InsertedPlaced,
+}
+
+impl Draft {
+    fn choose(
+        backend: Backend,
+        stored: bool,
+        decided: &place::Decided,
+        attempt: u32,
+        locked: bool,
+    ) -> Draft {
+        if stored {
+            Draft::Stored
+        } else if place::writes_at_once(decided, attempt) {
+            Draft::Ahead
+        } else {
+            match backend {
+                Backend::Sqlite => Draft::InBatch,
+                Backend::Postgres if locked => Draft::InsertedPlaced,
+                Backend::Postgres => Draft::Ahead,
+            }
+        }
+    }
+
+    /// Whether it goes in with the placement's batch.
+    fn with_placement(self) -> bool {
+        matches!(self, Draft::InBatch | Draft::InsertedPlaced)
+    }
+}
+
 /// One placement attempt's writes, through `writer`, from the draft to what is to commit:
 /// the write half of [`charge_and_place`]. The caller keeps them or rolls them back, as
 /// this answers (rolled back on an error).
@@ -717,40 +763,36 @@ async fn write_placement(
     } = *placing;
     let backend = app.store.backend();
     let lock = place::lock_chosen(backend, pool, &decided, attempt);
-    // A new draft goes in the batch that writes its placement, so that the create writes in
-    // one round trip (two on PostgreSQL, the nodes' locks first); unless the placement may
-    // write before that batch runs. On PostgreSQL, whose batch is one statement with one
-    // snapshot, the reservation then goes in as placed (an update would not see the draft),
-    // and only where the locks stand for the checks the placement would read first.
-    let with_placement = !stored
-        && !place::writes_at_once(&decided, attempt)
-        && (backend == Backend::Sqlite || lock.is_some());
-    let inserted_placed = with_placement && backend == Backend::Postgres;
-    let since = if stored {
-        writer.start().await?;
-        let tx = writer.conn();
-        let current = store::find(tx, &r.id, app.store.for_update())
-            .await?
-            .ok_or_else(|| not_found(&r.id))?;
-        if !current.state.is_draft() {
-            return Ok(Written::Done(Some(Box::new(current))));
+    let draft = Draft::choose(backend, stored, &decided, attempt, lock.is_some());
+    let since = match draft {
+        Draft::Stored => {
+            writer.start().await?;
+            let tx = writer.conn();
+            let current = store::find(tx, &r.id, app.store.for_update())
+                .await?
+                .ok_or_else(|| not_found(&r.id))?;
+            if !current.state.is_draft() {
+                return Ok(Written::Done(Some(Box::new(current))));
+            }
+            r.version = current.version;
+            r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id.take());
+            Some(app.capacity.since(tx).await?)
         }
-        r.version = current.version;
-        r.confirmation_id = current.confirmation_id.clone().or(r.confirmation_id.take());
-        Some(app.capacity.since(tx).await?)
-    } else if with_placement {
-        if let Some(lock) = &lock {
-            writer.start_with(lock).await?;
+        Draft::InBatch | Draft::InsertedPlaced => {
+            if let Some(lock) = &lock {
+                writer.start_with(lock).await?;
+            }
+            None
         }
-        None
-    } else {
-        let mut batch = Batch::on(writer.conn());
-        push_draft(&mut batch, caller, r);
-        writer.begin_in(&mut batch).await?;
-        let Some(since) = insert_draft(app, writer.conn(), batch).await? else {
-            return Ok(Written::Done(None));
-        };
-        Some(since)
+        Draft::Ahead => {
+            let mut batch = Batch::on(writer.conn());
+            push_draft(&mut batch, caller, r);
+            writer.begin_in(&mut batch).await?;
+            let Some(since) = insert_draft(app, writer.conn(), batch).await? else {
+                return Ok(Written::Done(None));
+            };
+            Some(since)
+        }
     };
     let tx = writer.conn();
     if let Some(spent) = terms.spent {
@@ -769,9 +811,9 @@ async fn write_placement(
     let mut deferred = place::Deferred {
         batch: Batch::on(tx),
         expect: Vec::new(),
-        locked: lock.is_some() && with_placement,
+        locked: lock.is_some() && draft.with_placement(),
     };
-    if with_placement && !inserted_placed {
+    if draft == Draft::InBatch {
         push_draft(&mut deferred.batch, caller, r);
         deferred.expect = DRAFT_ROWS.to_vec();
     }
@@ -794,8 +836,12 @@ async fn write_placement(
         mut batch, expect, ..
     } = deferred;
     // Where the draft's rows are in the answer, when it went in with the placement.
-    let draft_rows = with_placement.then_some(if inserted_placed { expect.len() } else { 0 });
-    if inserted_placed {
+    let draft_rows = match draft {
+        Draft::InBatch => Some(0),
+        Draft::InsertedPlaced => Some(expect.len()),
+        Draft::Stored | Draft::Ahead => None,
+    };
+    if draft == Draft::InsertedPlaced {
         r.version += 1;
         push_draft(&mut batch, caller, r);
     } else {
@@ -855,12 +901,12 @@ async fn write_placement(
     };
     // The reservation's row (inserted as placed, or its draft updated), then its audit
     // entry, then the charges.
-    let rows = match inserted_placed {
-        true => &rows[expect.len() + DRAFT_ROWS.len()..],
-        false if rows[expect.len()] != 1 => {
+    let rows = match draft {
+        Draft::InsertedPlaced => &rows[expect.len() + DRAFT_ROWS.len()..],
+        _ if rows[expect.len()] != 1 => {
             return Err(super::lifecycle::changed_concurrently(r));
         }
-        false => {
+        _ => {
             r.version += 1;
             &rows[expect.len() + 1..]
         }
