@@ -736,11 +736,6 @@ impl Draft {
             }
         }
     }
-
-    /// Whether it goes in with the placement's batch.
-    fn with_placement(self) -> bool {
-        matches!(self, Draft::InBatch | Draft::InsertedPlaced)
-    }
 }
 
 /// One placement attempt's writes, through `writer`, from the draft to what is to commit:
@@ -811,7 +806,7 @@ async fn write_placement(
     let mut deferred = place::Deferred {
         batch: Batch::on(tx),
         expect: Vec::new(),
-        locked: lock.is_some() && draft.with_placement(),
+        locked: draft == Draft::InsertedPlaced,
     };
     if draft == Draft::InBatch {
         push_draft(&mut deferred.batch, caller, r);

@@ -83,7 +83,7 @@ struct Open {
 pub struct Member {
     group: Group,
     /// When it took the turn.
-    since: Instant,
+    turn_taken: Instant,
     guard: Option<Guard>,
     /// Whether its savepoint was started (or sent with its first batch).
     started: bool,
@@ -132,7 +132,7 @@ impl Group {
         drop(waiting);
         let mut member = Member {
             group: self.clone(),
-            since: Instant::now(),
+            turn_taken: Instant::now(),
             guard: Some(guard),
             started: false,
         };
@@ -156,10 +156,10 @@ impl Group {
         Ok(member)
     }
 
-    /// Counts a member's turn, taken at `since`, as it ends.
-    fn count_turn(&self, since: Instant) {
+    /// Counts a member's turn, taken at `taken`, as it ends.
+    fn count_turn(&self, taken: Instant) {
         self.0.turn.writes.inc();
-        self.0.turn.held.inc_by(since.elapsed().as_secs_f64());
+        self.0.turn.held.inc_by(taken.elapsed().as_secs_f64());
     }
 
     /// Hands the group to the next create waiting to join, or, when nobody waits or it is
@@ -224,7 +224,7 @@ impl Member {
 
     fn hand_on(&mut self) {
         if let Some(guard) = self.guard.take() {
-            self.group.count_turn(self.since);
+            self.group.count_turn(self.turn_taken);
             self.group.settle(guard);
         }
     }
@@ -236,13 +236,13 @@ impl Drop for Member {
             return;
         };
         let (group, started) = (self.group.clone(), self.started);
-        let since = self.since;
+        let taken = self.turn_taken;
         tokio::spawn(async move {
             let rolled_back = match guard.as_mut() {
                 Some(open) if started => execute(&mut open.tx, ROLLBACK).await,
                 _ => Ok(()),
             };
-            group.count_turn(since);
+            group.count_turn(taken);
             match rolled_back {
                 Ok(()) => group.settle(guard),
                 Err(err) => {
