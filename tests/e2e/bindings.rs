@@ -653,6 +653,13 @@ async fn a_lost_node_fails_its_reservations_and_its_capacity_is_booked_elsewhere
     assert_eq!(failed["state"], "failed");
     assert_eq!(failed["reason"], "node-lost");
     assert!(condition(&failed, "NodeLost").is_some(), "{failed}");
+    let (_, page) = w.server.admin().get("/v1/audit?orgId=tenant-a").await;
+    let moved: Vec<&Value> = (page["items"].as_array().unwrap().iter())
+        .filter(|e| e["objectId"] == r["id"] && e["action"] == "compute-reservation.node-lost")
+        .collect();
+    assert_eq!(moved.len(), 1, "the failure is audited once: {page}");
+    assert_eq!(moved[0]["actorKeyId"], "system", "{page}");
+    assert_eq!(moved[0]["reason"], "node-lost", "{page}");
     assert_eq!(w.used_gpus("tenant-a").await, 0, "quota refunded");
     assert_eq!(w.node_conditions(&lost).await, ["NodeLost"]);
     assert!(w.node_conditions(&alive).await.is_empty());
