@@ -154,6 +154,7 @@ on_both_databases!(
     pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reservation,
     wait_answers_as_soon_as_the_queued_reservation_is_placed,
     list_is_newest_first_paginated_and_scoped,
+    another_tenants_reservation_named_under_ones_own_tenant_is_not_found_and_left_as_it_is,
     release_and_cancel_follow_the_state_rules,
     extend_moves_the_end_or_reports_available_until,
     an_extend_reaches_366_days_from_the_start_and_no_further,
@@ -581,6 +582,40 @@ async fn list_is_newest_first_paginated_and_scoped(db: Db) {
     )
     .await;
     assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+}
+
+async fn another_tenants_reservation_named_under_ones_own_tenant_is_not_found_and_left_as_it_is(
+    db: Db,
+) {
+    let w = world(db, 1, 64).await;
+    let rival = w.server.org_with_key("tenant-b", "member").await;
+    let offer = json!({ "tenantId": "tenant-b", "quota": { "gpu": 64 } });
+    let path = format!("/v1/pools/{}/offers", w.pool);
+    let (status, body) = w.server.admin().post(&path, offer).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let mut ask = w.ask("k-b", 2);
+    ask["tenantId"] = json!("tenant-b");
+    ask["leaseSeconds"] = json!(120);
+    let (status, theirs) = rpc(&rival, "create", ask).await;
+    assert_eq!(status, StatusCode::OK, "{theirs}");
+    assert_eq!(theirs["state"], "placed");
+    // tenant-a's key names tenant-a, which it acts for, and tenant-b's reservation.
+    for method in ["get", "release", "cancel", "renew"] {
+        let (status, err) = w.call(method, &theirs["id"]).await;
+        assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    }
+    let extend = json!({ "tenantId": "tenant-a", "reservationId": theirs["id"], "by": "1h", "idempotencyKey": "e-1" });
+    let (status, err) = rpc(&w.tenant, "extend", extend).await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
+    let (_, now) = rpc(
+        &rival,
+        "get",
+        json!({ "tenantId": "tenant-b", "reservationId": theirs["id"] }),
+    )
+    .await;
+    assert_eq!(now["state"], "placed", "{now}");
+    assert_eq!(now["end"], theirs["end"]);
+    assert_eq!(now["leaseDeadline"], theirs["leaseDeadline"]);
 }
 
 async fn release_and_cancel_follow_the_state_rules(db: Db) {
