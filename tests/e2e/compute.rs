@@ -339,15 +339,23 @@ async fn quota_exceeded_leaves_the_draft_for_a_retry(db: Db) {
     let (status, err) = rpc(&w.tenant, "create", w.ask("k-1", 6)).await;
     assert_error(status, &err, StatusCode::CONFLICT, "QUOTA_EXCEEDED");
     assert_eq!(err["error"]["details"]["resource"], "gpu");
-    let drafts: Vec<String> = sqlx::query_scalar(
-        "SELECT state FROM compute_reservations WHERE tenant_id = 'tenant-a' AND idempotency_key = 'k-1'",
-    )
-    .fetch_all(&mut w.server.database().await)
-    .await
-    .unwrap();
-    assert_eq!(drafts, ["draft"], "the refused request stays as a draft");
+    let drafts = || async {
+        let drafts: Vec<(String, String)> = sqlx::query_as(
+            "SELECT id, state FROM compute_reservations WHERE tenant_id = 'tenant-a' AND idempotency_key = 'k-1'",
+        )
+        .fetch_all(&mut w.server.database().await)
+        .await
+        .unwrap();
+        drafts
+    };
+    let draft = drafts().await;
+    assert_eq!(draft.len(), 1);
+    assert_eq!(draft[0].1, "draft", "the refused request stays as a draft");
     let (_, list) = rpc(&w.tenant, "list", json!({ "tenantId": "tenant-a" })).await;
     assert_eq!(list["items"], json!([]), "a draft is internal");
+    let (status, err) = w.call("release", &json!(draft[0].0)).await;
+    assert_error(status, &err, StatusCode::CONFLICT, "INVALID_STATE");
+    assert_eq!(drafts().await, draft, "a draft is not released");
     let (status, _) = w
         .server
         .admin()
