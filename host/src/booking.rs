@@ -59,6 +59,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::capacity::HostAmount;
 use crate::inventory::DeviceClass;
 use crate::pools::{PerGpu, Sharing};
 use crate::validation;
@@ -519,6 +520,26 @@ pub struct HostBooking {
     pub memory_gib: i64,
     #[serde(rename = "hugepages1Gi")]
     pub hugepages_1gi: i64,
+}
+
+impl From<HostBooking> for HostAmount {
+    fn from(h: HostBooking) -> HostAmount {
+        HostAmount {
+            vcpu: h.vcpu,
+            memory_gib: h.memory_gib,
+            hugepages_1gi: h.hugepages_1gi,
+        }
+    }
+}
+
+impl From<HostAmount> for HostBooking {
+    fn from(h: HostAmount) -> HostBooking {
+        HostBooking {
+            vcpu: h.vcpu,
+            memory_gib: h.memory_gib,
+            hugepages_1gi: h.hugepages_1gi,
+        }
+    }
 }
 
 impl HostBooking {

@@ -123,9 +123,8 @@ struct Glance {
     holders: [u64; 2],
     /// Whether any spot booking holds a unit.
     spot: bool,
-    /// Every host booking added up (CPUs, GiB of memory, 1 GiB hugepages): no window has
-    /// more booked.
-    host_booked: [i64; 3],
+    /// Every host booking added up: no window has more booked.
+    host_booked: HostAmount,
 }
 
 impl Glance {
@@ -145,13 +144,13 @@ impl Glance {
             let (word, bit) = Glance::holder_bit(hash);
             holders[word] |= bit;
         }
-        let host_booked = host.iter().fold([0; 3], |sum, h| {
-            [
-                sum[0] + h.vcpu,
-                sum[1] + h.memory_gib,
-                sum[2] + h.hugepages_1gi,
-            ]
-        });
+        let host_booked = host
+            .iter()
+            .fold(HostAmount::default(), |sum, h| HostAmount {
+                vcpu: sum.vcpu + h.vcpu,
+                memory_gib: sum.memory_gib + h.memory_gib,
+                hugepages_1gi: sum.hugepages_1gi + h.hugepages_1gi,
+            });
         Glance {
             full: full_intervals(slots, spans).into(),
             holders,
@@ -348,9 +347,8 @@ impl NodeCapacity {
         self.glance.holders[word] & bit != 0
     }
 
-    /// Every host booking on the node added up (CPUs, GiB of memory, 1 GiB hugepages): no
-    /// window has more booked.
-    pub fn host_booked_at_most(&self) -> [i64; 3] {
+    /// Every host booking on the node added up: no window has more booked.
+    pub fn host_booked_at_most(&self) -> HostAmount {
         self.glance.host_booked
     }
 
@@ -590,6 +588,14 @@ pub struct Booked {
     pub end_ms: i64,
 }
 
+/// Host resources: CPUs, GiB of memory, 1 GiB hugepages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostAmount {
+    pub vcpu: i64,
+    pub memory_gib: i64,
+    pub hugepages_1gi: i64,
+}
+
 /// An active booking of host resources.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HostBooked {
@@ -718,13 +724,13 @@ pub enum Change {
 
 impl Change {
     /// `reservation_id` booking `units` over `[start_ms, end_ms)`, with host resources
-    /// (vCPU, memory GiB, 1 GiB hugepages; none when all are 0).
+    /// (none when all are 0).
     pub fn booked(
         reservation_id: &str,
         spot: bool,
         (start_ms, end_ms): (i64, i64),
         units: &[String],
-        (vcpu, memory_gib, hugepages_1gi): (i64, i64, i64),
+        host: HostAmount,
     ) -> Change {
         Change::Booked {
             reservation_id: reservation_id.to_string(),
@@ -738,17 +744,15 @@ impl Change {
                     end_ms,
                 })
                 .collect(),
-            host: (vcpu, memory_gib, hugepages_1gi)
-                .ne(&(0, 0, 0))
-                .then(|| HostBooked {
-                    reservation_id: reservation_id.to_string(),
-                    spot,
-                    vcpu,
-                    memory_gib,
-                    hugepages_1gi,
-                    start_ms,
-                    end_ms,
-                }),
+            host: (host != HostAmount::default()).then(|| HostBooked {
+                reservation_id: reservation_id.to_string(),
+                spot,
+                vcpu: host.vcpu,
+                memory_gib: host.memory_gib,
+                hugepages_1gi: host.hugepages_1gi,
+                start_ms,
+                end_ms,
+            }),
         }
     }
 
@@ -830,8 +834,8 @@ pub struct Assumption<'a> {
     pub end_ms: i64,
     /// Each node with the units booked there.
     pub members: &'a [(&'a str, &'a [String])],
-    /// The host resources booked on each node: vCPU, memory GiB, 1 GiB hugepages.
-    pub host: (i64, i64, i64),
+    /// The host resources booked on each node.
+    pub host: HostAmount,
 }
 
 /// Assumed bookings held in the view; dropping it ends them, and the view shows their

@@ -186,11 +186,7 @@ pub(super) async fn decide(
         start_ms: r.start_ms,
         end_ms: r.end_ms,
         members: &members,
-        host: (
-            r.resources.vcpu,
-            r.resources.memory_gib,
-            r.resources.hugepages_1gi,
-        ),
+        host: r.resources.into(),
     };
     let assumed = app.capacity.assume(assumption).await;
     drop(turn);
@@ -781,11 +777,7 @@ pub(super) async fn laying(app: &App, r: &Reservation, preempted: &[String], now
         return Laying::Forget([nodes, preempted.to_vec()].concat());
     }
     let window = (r.start_ms.max(now), r.end_ms);
-    let host = (
-        r.resources.vcpu,
-        r.resources.memory_gib,
-        r.resources.hugepages_1gi,
-    );
+    let host = r.resources.into();
     let changes = r
         .members
         .iter()

@@ -883,12 +883,7 @@ impl Snapshot {
         held_until(capacity, r, own_hash, (self.start, self.end))?;
         let host = &capacity.node.host;
         // All the host bookings added up leave room, or those over the window do.
-        let [vcpu, memory_gib, hugepages_1gi] = capacity.host_booked_at_most();
-        let at_most = HostBooking {
-            vcpu,
-            memory_gib,
-            hugepages_1gi,
-        };
+        let at_most = capacity.host_booked_at_most().into();
         let room = has_room(host, at_most, r.resources)
             || has_room(host, self.host_used(capacity).0, r.resources);
         Some(if !room {
