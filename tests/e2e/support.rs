@@ -330,7 +330,18 @@ impl Drop for Server {
         if let Some(child) = self.child.as_mut() {
             let _ = child.start_kill();
         }
-        if !self.owns_database() || std::thread::panicking() {
+        if std::thread::panicking() {
+            // What the server logged is shown with the failing test.
+            let stderr = self.stderr();
+            let mut start = stderr.len().saturating_sub(16_000);
+            while !stderr.is_char_boundary(start) {
+                start += 1;
+            }
+            let tail = &stderr[start..];
+            eprintln!("--- {} stderr (its end) ---\n{tail}", self.url);
+            return;
+        }
+        if !self.owns_database() {
             return;
         }
         let url = self.database_url();
@@ -463,9 +474,9 @@ impl Api {
         body: Option<Vec<u8>>,
         content_type: Option<&str>,
     ) -> (StatusCode, Value) {
-        self.try_raw(method, path, body, content_type)
+        self.send(method.clone(), path, body, content_type)
             .await
-            .expect("the request reaches the server")
+            .unwrap_or_else(|err| panic!("{method} {path} reaches the server: {err:?}"))
     }
 
     /// As [`Api::raw`], but a transport failure is `None` (a server may answer an
@@ -477,6 +488,16 @@ impl Api {
         body: Option<Vec<u8>>,
         content_type: Option<&str>,
     ) -> Option<(StatusCode, Value)> {
+        self.send(method, path, body, content_type).await.ok()
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        content_type: Option<&str>,
+    ) -> reqwest::Result<(StatusCode, Value)> {
         let mut request = self
             .http
             .request(method.clone(), format!("{}{path}", self.base));
@@ -490,9 +511,9 @@ impl Api {
                 request = request.header("content-type", ct);
             }
         }
-        let response = request.send().await.ok()?;
+        let response = request.send().await?;
         let status = response.status();
-        let text = response.text().await.ok()?;
+        let text = response.text().await?;
         let value = if text.is_empty() {
             Value::Null
         } else {
@@ -500,7 +521,7 @@ impl Api {
         };
         self.log
             .record(&method, path, status, sent.as_deref(), &value);
-        Some((status, value))
+        Ok((status, value))
     }
 
     /// Asserts the answer is the error envelope with `code`, and returns its message.

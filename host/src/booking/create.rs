@@ -164,6 +164,11 @@ pub(super) async fn read_context(
     })
 }
 
+/// Decides and places ([`decide_once`]) until there is an answer. A create that finds its
+/// id taken by a concurrent create with the same key decides again once the group it wrote
+/// in has committed (the other create may be in it), and answers as a replay of that one.
+/// Racing creates with one key may still go round several times while the other commits
+/// on another replica, so this is a loop, not a recursion whose depth they would choose.
 async fn decide_and_place(
     app: &App,
     caller: &Principal,
@@ -171,6 +176,23 @@ async fn decide_and_place(
     request: CreateRequest,
     binding: Binding,
 ) -> Result<Reservation> {
+    loop {
+        if let Some(r) = decide_once(app, caller, id, &request, binding).await? {
+            return Ok(r);
+        }
+        app.placements.settled().await;
+    }
+}
+
+/// One decision and placement; `None` when a concurrent create with the same key stored its
+/// reservation first.
+async fn decide_once(
+    app: &App,
+    caller: &Principal,
+    id: &str,
+    request: &CreateRequest,
+    binding: Binding,
+) -> Result<Option<Reservation>> {
     let now = app.now_ms();
     // Reads happen on a connection that is given back before any write transaction begins,
     // so concurrent creates never hold one connection while waiting for another.
@@ -180,11 +202,11 @@ async fn decide_and_place(
     };
     let mut confirmed = false;
     if let Some(existing) = &replay {
-        check_replay(existing, &request)?;
+        check_replay(existing, request)?;
         match existing.state {
             State::Denied => return Err(Error::AccessDenied("the request was refused".into())),
             State::Draft | State::AwaitingConfirmation => {}
-            _ => return Ok(existing.clone()),
+            _ => return Ok(Some(existing.clone())),
         }
     }
     let Context {
@@ -195,7 +217,7 @@ async fn decide_and_place(
         offer,
         snapshot,
         policy: policy_text,
-    } = read_context(app, replay, &request).await?;
+    } = read_context(app, replay, request).await?;
     if let Some(existing) = &existing
         && existing.state == State::AwaitingConfirmation
     {
@@ -211,11 +233,11 @@ async fn decide_and_place(
             }
         }
     }
-    check_against_pool(&request, binding, &pool, &snapshot)?;
+    check_against_pool(request, binding, &pool, &snapshot)?;
     let share = snapshot.per_gpu_share(&pool.policy);
     let (mut draft, stored) = match existing {
         Some(existing) => (existing, true),
-        None => (new_draft(caller, id, &request, binding, share, now)?, false),
+        None => (new_draft(caller, id, request, binding, share, now)?, false),
     };
     let region = snapshot
         .nodes()
@@ -224,7 +246,7 @@ async fn decide_and_place(
     // Let go of the pool's node list: while a create holds it, every change to a node of
     // the pool copies the list instead of patching it in place.
     drop(snapshot);
-    let attrs = attributes(&request, &draft, &region);
+    let attrs = attributes(request, &draft, &region);
     if !confirmed {
         match policy::decide(
             policy_text.as_deref(),
@@ -236,7 +258,7 @@ async fn decide_and_place(
             Decision::Allow => {}
             Decision::Deny => {
                 if !stored && !store_draft(app, caller, &draft).await? {
-                    return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
+                    return Ok(None);
                 }
                 finish_draft(app, caller, &mut draft, "access-denied").await?;
                 return Err(Error::AccessDenied(format!(
@@ -245,7 +267,7 @@ async fn decide_and_place(
             }
             Decision::NeedsConfirmation => {
                 if !stored && !store_draft(app, caller, &draft).await? {
-                    return Box::pin(decide_and_place(app, caller, id, request, binding)).await;
+                    return Ok(None);
                 }
                 let attrs_json = serde_json::to_value(&attrs).expect("attributes serialize");
                 let mut tx = app.store.begin().await?;
@@ -270,7 +292,7 @@ async fn decide_and_place(
     }
     // Quota: the devices, and host resources above the pool's per-GPU share.
     let (_, excess) = host_resources(request.gpu_count(), share, request.resources);
-    let charge = quota_charge(&request, excess);
+    let charge = quota_charge(request, excess);
     let placing = Placing {
         caller,
         pool: (&pool, at),
@@ -278,9 +300,8 @@ async fn decide_and_place(
         stored,
     };
     match charge_and_place(app, placing, draft.clone(), charge).await {
-        Ok(Some(r)) => Ok(r),
-        // A concurrent create with the same key stored it first: answer as a replay.
-        Ok(None) => Box::pin(decide_and_place(app, caller, id, request, binding)).await,
+        // `None`: a concurrent create with the same key stored it first.
+        Ok(placed) => Ok(placed),
         Err(err) => {
             // The draft stays (QUOTA_EXCEEDED, SPEND_LIMIT_REACHED, a failed policy), so the
             // same key can be retried.

@@ -156,6 +156,18 @@ impl Group {
         Ok(member)
     }
 
+    /// Waits until the group open now, if any, has committed (or failed): what its members
+    /// wrote is then visible to every reader.
+    pub(crate) async fn settled(&self) {
+        let done = {
+            let open = self.0.open.lock().await;
+            open.as_ref().map(|o| o.done.subscribe())
+        };
+        if let Some(mut done) = done {
+            let _ = done.wait_for(Option::is_some).await;
+        }
+    }
+
     /// Counts a member's turn, taken at `taken`, as it ends.
     fn count_turn(&self, taken: Instant) {
         self.0.turn.writes.inc();
