@@ -169,13 +169,13 @@ on_both_databases!(
     creates_racing_with_one_key_on_every_replica_answer_one_reservation,
 );
 
-/// Sixteen creates with one idempotency key, spread over every replica and sent at once (a
-/// client trying again while its first try is still in flight): every one answers the same
-/// reservation, booked once and charged once.
+/// Forty-eight creates with one idempotency key, spread over every replica and sent at once
+/// (a client trying again while its first try is still in flight): every one answers the
+/// same reservation, booked once and charged once.
 async fn creates_racing_with_one_key_on_every_replica_answer_one_reservation(db: Db) {
     let f = fleet(db, 2, 64, json!({})).await;
     let body = f.ask("k-same", 2, None);
-    let creates = (0..16)
+    let creates = (0..48)
         .map(|i| {
             let (tenant, body) = (f.tenant(i), body.clone());
             async move { rpc(&tenant, "create", body).await }
