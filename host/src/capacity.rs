@@ -144,13 +144,7 @@ impl Glance {
             let (word, bit) = Glance::holder_bit(hash);
             holders[word] |= bit;
         }
-        let host_booked = host
-            .iter()
-            .fold(HostAmount::default(), |sum, h| HostAmount {
-                vcpu: sum.vcpu + h.vcpu,
-                memory_gib: sum.memory_gib + h.memory_gib,
-                hugepages_1gi: sum.hugepages_1gi + h.hugepages_1gi,
-            });
+        let host_booked = host.iter().map(|h| h.amount).sum();
         Glance {
             full: full_intervals(slots, spans).into(),
             holders,
@@ -589,11 +583,28 @@ pub struct Booked {
 }
 
 /// Host resources: CPUs, GiB of memory, 1 GiB hugepages.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HostAmount {
     pub vcpu: i64,
     pub memory_gib: i64,
     pub hugepages_1gi: i64,
+}
+
+impl std::ops::Add for HostAmount {
+    type Output = HostAmount;
+    fn add(self, other: HostAmount) -> HostAmount {
+        HostAmount {
+            vcpu: self.vcpu + other.vcpu,
+            memory_gib: self.memory_gib + other.memory_gib,
+            hugepages_1gi: self.hugepages_1gi + other.hugepages_1gi,
+        }
+    }
+}
+
+impl std::iter::Sum for HostAmount {
+    fn sum<I: Iterator<Item = HostAmount>>(amounts: I) -> HostAmount {
+        amounts.fold(HostAmount::default(), std::ops::Add::add)
+    }
 }
 
 /// An active booking of host resources.
@@ -601,9 +612,7 @@ pub struct HostAmount {
 pub struct HostBooked {
     pub reservation_id: String,
     pub spot: bool,
-    pub vcpu: i64,
-    pub memory_gib: i64,
-    pub hugepages_1gi: i64,
+    pub amount: HostAmount,
     pub start_ms: i64,
     pub end_ms: i64,
 }
@@ -747,9 +756,7 @@ impl Change {
             host: (host != HostAmount::default()).then(|| HostBooked {
                 reservation_id: reservation_id.to_string(),
                 spot,
-                vcpu: host.vcpu,
-                memory_gib: host.memory_gib,
-                hugepages_1gi: host.hugepages_1gi,
+                amount: host,
                 start_ms,
                 end_ms,
             }),
@@ -1461,9 +1468,11 @@ async fn load_batch(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<Node
             .push(HostBooked {
                 reservation_id: row.get("reservation_id"),
                 spot: flag(&row, "spot"),
-                vcpu: row.get("vcpu"),
-                memory_gib: row.get("memory_gib"),
-                hugepages_1gi: row.get("hugepages_1gi"),
+                amount: HostAmount {
+                    vcpu: row.get("vcpu"),
+                    memory_gib: row.get("memory_gib"),
+                    hugepages_1gi: row.get("hugepages_1gi"),
+                },
                 start_ms: row.get("start_ms"),
                 end_ms: row.get("end_ms"),
             });
@@ -1578,9 +1587,11 @@ mod tests {
         HostBooked {
             reservation_id: reservation.into(),
             spot: false,
-            vcpu: 8,
-            memory_gib: 64,
-            hugepages_1gi: 0,
+            amount: HostAmount {
+                vcpu: 8,
+                memory_gib: 64,
+                hugepages_1gi: 0,
+            },
             start_ms: 0,
             end_ms: 100,
         }

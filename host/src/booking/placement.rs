@@ -374,11 +374,7 @@ impl Snapshot {
         for (h, _) in capacity.host_spans().filter(|(h, hash)| {
             h.start_ms < self.end && h.end_ms > self.start && !self.is_own(*hash, &h.reservation_id)
         }) {
-            let booked = HostBooking {
-                vcpu: h.vcpu,
-                memory_gib: h.memory_gib,
-                hugepages_1gi: h.hugepages_1gi,
-            };
+            let booked = HostBooking::from(h.amount);
             if !h.spot {
                 steady.add(booked);
             }
@@ -1300,7 +1296,7 @@ mod tests {
     #[test]
     fn what_a_glance_tells_of_a_node_is_what_reading_its_bookings_finds() {
         use super::super::availability::tests;
-        use crate::capacity::HostBooked;
+        use crate::capacity::{HostAmount, HostBooked};
         use crate::inventory::HostResources;
         use rand::rngs::StdRng;
         use rand::{Rng, SeedableRng};
@@ -1330,9 +1326,11 @@ mod tests {
                     HostBooked {
                         reservation_id: holders[rng.random_range(0..3)].into(),
                         spot: false,
-                        vcpu: rng.random_range(0..9),
-                        memory_gib: 0,
-                        hugepages_1gi: 0,
+                        amount: HostAmount {
+                            vcpu: rng.random_range(0..9),
+                            memory_gib: 0,
+                            hugepages_1gi: 0,
+                        },
                         start_ms,
                         end_ms: start_ms + rng.random_range(1..6) * HOUR,
                     }
