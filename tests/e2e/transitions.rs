@@ -13,6 +13,7 @@ on_both_databases!(
     a_refused_create_writes_its_denied_event,
     the_reconcilers_moves_are_audited_as_the_system,
     releasing_units_already_released_records_nothing,
+    an_unconfirmed_request_expires_thirty_minutes_after_it_was_made_and_not_before,
 );
 
 /// Every audit entry the ops admin can see, newest first: (action, objectId).
@@ -131,4 +132,70 @@ async fn releasing_units_already_released_records_nothing(db: Db) {
     assert_eq!(again["updatedAt"], first["updatedAt"]);
     assert_eq!(events(&f.servers[0]).await.len(), events_before);
     assert_eq!(audit(&f.servers[0]).await.len(), audit_before);
+}
+
+/// An agent's request that waits for a person expires, with its confirmation, when thirty
+/// minutes have passed since it was made, on whichever replica reconciles first, once.
+async fn an_unconfirmed_request_expires_thirty_minutes_after_it_was_made_and_not_before(db: Db) {
+    const MINUTE: i64 = 60_000;
+    let f = fleet(db, 1, 64, json!({})).await;
+    let policy = r#"
+        permit(principal, action, resource) when { !principal.agent };
+        permit(principal, action == Orl::Action::"compute:reservations:create", resource) when { context.confirmed };
+    "#;
+    let admin = f.servers[0].admin();
+    let (status, body) = admin
+        .put("/v1/orgs/tenant-a/iam/policy", json!({ "policy": policy }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let agent_key = (f.servers[0])
+        .key_in("tenant-a", json!({ "role": "member", "agent": true }))
+        .await;
+    let agent = f.servers[f.servers.len() - 1].as_key(&agent_key);
+    let ask = f.ask("unconfirmed", 4, None);
+    let (status, err) = rpc(&agent, "create", ask.clone()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
+    assert_eq!(err["error"]["code"], "CONFIRMATION_REQUIRED", "{err}");
+    let id = err["error"]["details"]["reservationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let confirmation_state = || async {
+        let (status, page) = admin.get("/v1/orgs/tenant-a/confirmations").await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        page["items"][0]["state"].as_str().unwrap().to_string()
+    };
+
+    f.set_clocks(T0 + 30 * MINUTE - 1).await;
+    assert_eq!(confirmation_state().await, "pending");
+    let (status, err) = rpc(&agent, "create", ask.clone()).await;
+    assert_eq!(
+        (status, &err["error"]["code"]),
+        (StatusCode::FORBIDDEN, &json!("CONFIRMATION_REQUIRED")),
+        "{err}"
+    );
+
+    f.set_clocks(T0 + 30 * MINUTE).await;
+    assert_eq!(confirmation_state().await, "expired");
+    let (status, expired) = rpc(&agent, "create", ask).await;
+    assert_eq!(status, StatusCode::OK, "{expired}");
+    assert_eq!(
+        (expired["id"].as_str(), &expired["state"]),
+        (Some(id.as_str()), &json!("expired"))
+    );
+    let timeouts: Vec<(String, String)> = audit(&f.servers[0])
+        .await
+        .into_iter()
+        .filter(|(action, object)| {
+            action == "compute-reservation.confirmation-timeout" && *object == id
+        })
+        .collect();
+    assert_eq!(timeouts.len(), 1, "{timeouts:?}");
+    let ended: Vec<Value> = events(&f.servers[0])
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "reservation.expired" && e["payload"]["reservation"]["id"] == id)
+        .collect();
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!(ended[0]["payload"]["reason"], "confirmation-timeout");
 }
