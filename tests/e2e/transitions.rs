@@ -135,7 +135,8 @@ async fn releasing_units_already_released_records_nothing(db: Db) {
 }
 
 /// An agent's request that waits for a person expires, with its confirmation, when thirty
-/// minutes have passed since it was made, on whichever replica reconciles first, once.
+/// minutes have passed since it was made, on whichever replica reconciles first, once; the
+/// reconciler's lag counts from then.
 async fn an_unconfirmed_request_expires_thirty_minutes_after_it_was_made_and_not_before(db: Db) {
     const MINUTE: i64 = 60_000;
     let f = fleet(db, 1, 64, json!({})).await;
@@ -198,4 +199,13 @@ async fn an_unconfirmed_request_expires_thirty_minutes_after_it_was_made_and_not
         .collect();
     assert_eq!(ended.len(), 1, "{ended:?}");
     assert_eq!(ended[0]["payload"]["reason"], "confirmation-timeout");
+
+    // A replica's pass is as far behind as the oldest request it finds past its thirty
+    // minutes: one made at T0 + 30 min, seen at T0 + 61 min, a minute late.
+    let (status, err) = rpc(&agent, "create", f.ask("unconfirmed-2", 4, None)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
+    f.servers[0].set_clock(T0 + 61 * MINUTE).await;
+    let (status, health) = admin.get("/v1/status").await;
+    assert_eq!(status, StatusCode::OK, "{health}");
+    assert_eq!(health["reconciler"]["lagSeconds"], 60.0, "{health}");
 }
