@@ -14,6 +14,7 @@ on_both_databases!(
     the_reconcilers_moves_are_audited_as_the_system,
     releasing_units_already_released_records_nothing,
     an_unconfirmed_request_expires_thirty_minutes_after_it_was_made_and_not_before,
+    the_reconcilers_lag_is_how_long_the_oldest_move_it_finds_due_has_waited,
 );
 
 /// Every audit entry the ops admin can see, newest first: (action, objectId).
@@ -208,4 +209,26 @@ async fn an_unconfirmed_request_expires_thirty_minutes_after_it_was_made_and_not
     let (status, health) = admin.get("/v1/status").await;
     assert_eq!(status, StatusCode::OK, "{health}");
     assert_eq!(health["reconciler"]["lagSeconds"], 60.0, "{health}");
+}
+
+/// The reconciler's lag is how long the oldest move a pass finds due has waited: a start a
+/// minute late, then an end two minutes late (not the start, long past by then). Only the
+/// first replica's clock moves, so only it finds anything due.
+async fn the_reconcilers_lag_is_how_long_the_oldest_move_it_finds_due_has_waited(db: Db) {
+    const MINUTE: i64 = 60_000;
+    let f = fleet(db, 1, 64, json!({})).await;
+    let server = &f.servers[0];
+    let lag = || async {
+        let (status, health) = server.admin().get("/v1/status").await;
+        assert_eq!(status, StatusCode::OK, "{health}");
+        health["reconciler"]["lagSeconds"].clone()
+    };
+    let r = f.create(0, f.ask("late", 2, None)).await;
+    assert_eq!(r["state"], "placed", "{r}");
+    server.set_clock(T0 + MINUTE).await;
+    assert_eq!(f.get(&r["id"]).await["state"], "active");
+    assert_eq!(lag().await, 60.0);
+    server.set_clock(T0 + 2 * HOUR + 2 * MINUTE).await;
+    assert_eq!(f.get(&r["id"]).await["state"], "expired");
+    assert_eq!(lag().await, 120.0);
 }
