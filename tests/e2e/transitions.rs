@@ -15,6 +15,7 @@ on_both_databases!(
     releasing_units_already_released_records_nothing,
     an_unconfirmed_request_expires_thirty_minutes_after_it_was_made_and_not_before,
     the_reconcilers_lag_is_how_long_the_oldest_move_it_finds_due_has_waited,
+    a_reservation_ending_hands_its_units_to_one_waiting_before_its_next_retry,
 );
 
 /// Every audit entry the ops admin can see, newest first: (action, objectId).
@@ -225,10 +226,37 @@ async fn the_reconcilers_lag_is_how_long_the_oldest_move_it_finds_due_has_waited
     };
     let r = f.create(0, f.ask("late", 2, None)).await;
     assert_eq!(r["state"], "placed", "{r}");
+    // Not due before its start: left placed, and no part of the lag.
+    let later = f.create(0, f.ask("later", 2, Some(T0 + HOUR))).await;
     server.set_clock(T0 + MINUTE).await;
     assert_eq!(f.get(&r["id"]).await["state"], "active");
+    assert_eq!(f.get(&later["id"]).await["state"], "placed");
     assert_eq!(lag().await, 60.0);
+    let (status, body) = rpc(
+        &f.tenant(0),
+        "release",
+        json!({ "tenantId": "tenant-a", "reservationId": later["id"] }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     server.set_clock(T0 + 2 * HOUR + 2 * MINUTE).await;
     assert_eq!(f.get(&r["id"]).await["state"], "expired");
     assert_eq!(lag().await, 120.0);
+}
+
+/// A reservation whose window ends frees its units for the pool's waiting reservations in
+/// the same pass, not at their next 30-second retry.
+async fn a_reservation_ending_hands_its_units_to_one_waiting_before_its_next_retry(db: Db) {
+    let f = fleet(db, 1, 64, json!({})).await;
+    let server = &f.servers[0];
+    let first = f.create(0, f.ask("first", 8, None)).await;
+    assert_eq!(first["state"], "placed", "{first}");
+    server.set_clock(T0 + 2 * HOUR - 10_000).await;
+    let waiting = f.create(0, f.ask("waiting", 8, None)).await;
+    assert_eq!(waiting["state"], "pending", "{waiting}");
+    // Its next attempt is due 30 s after its refusal, 20 s after the first one ends.
+    server.set_clock(T0 + 2 * HOUR).await;
+    assert_eq!(f.get(&first["id"]).await["state"], "expired");
+    let placed = f.get(&waiting["id"]).await;
+    assert_eq!(placed["state"], "placed", "{placed}");
 }
