@@ -103,12 +103,18 @@ impl Fleet {
     }
 
     pub async fn get(&self, id: &Value) -> Value {
-        let (status, r) = rpc(
-            &self.tenant(0),
-            "get",
-            json!({ "tenantId": "tenant-a", "reservationId": id }),
-        )
-        .await;
+        self.on_reservation(0, "get", id).await
+    }
+
+    /// Releases `id` through replica `i`: the reservation as released.
+    pub async fn release(&self, i: usize, id: &Value) -> Value {
+        self.on_reservation(i, "release", id).await
+    }
+
+    /// Calls `method` on reservation `id` through replica `i`, expecting OK.
+    async fn on_reservation(&self, i: usize, method: &str, id: &Value) -> Value {
+        let body = json!({ "tenantId": "tenant-a", "reservationId": id });
+        let (status, r) = rpc(&self.tenant(i), method, body).await;
         assert_eq!(status, StatusCode::OK, "{r}");
         r
     }
@@ -546,13 +552,7 @@ async fn a_reservation_placed_late_books_from_when_it_was_placed(db: Db) {
     let waiting = f.create(0, f.ask("waiting", 8, None)).await;
     assert_eq!(waiting["state"], "pending");
     f.set_clocks(T0 + 10 * MIN).await;
-    let (status, body) = rpc(
-        &f.tenant(0),
-        "release",
-        json!({ "tenantId": "tenant-a", "reservationId": first["id"] }),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    f.release(0, &first["id"]).await;
     let placed = f.get(&waiting["id"]).await;
     assert_eq!(placed["state"], "placed", "{placed}");
     assert_eq!(

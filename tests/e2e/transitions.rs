@@ -232,13 +232,7 @@ async fn the_reconcilers_lag_is_how_long_the_oldest_move_it_finds_due_has_waited
     assert_eq!(f.get(&r["id"]).await["state"], "active");
     assert_eq!(f.get(&later["id"]).await["state"], "placed");
     assert_eq!(lag().await, 60.0);
-    let (status, body) = rpc(
-        &f.tenant(0),
-        "release",
-        json!({ "tenantId": "tenant-a", "reservationId": later["id"] }),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    f.release(0, &later["id"]).await;
     server.set_clock(T0 + 2 * HOUR + 2 * MINUTE).await;
     assert_eq!(f.get(&r["id"]).await["state"], "expired");
     assert_eq!(lag().await, 120.0);
