@@ -14,9 +14,9 @@ use anyhow::Context;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::booking::placement::{
-    CandidateUnit, Candidates, DeviceAsk, DomainLoad, NativeDefault, PlacementRequest, Placer,
-    PolicyClass,
+use crate::placer::{
+    CandidateUnit, Candidates, DeviceAsk, DomainLoad, NativeDefault, NodeFacts, PlacementRequest,
+    Placer, PolicyClass,
 };
 use crate::policy::{PolicyHost, World};
 
@@ -75,11 +75,8 @@ fn node_names(count: usize) -> Vec<(String, String)> {
 }
 
 /// The node facts of `candidates`: each node's name, a region and two labels.
-fn facts(
-    names: &[(String, String)],
-    candidates: &Candidates,
-) -> crate::booking::placement::NodeFacts {
-    let mut facts = crate::booking::placement::NodeFacts::default();
+fn facts(names: &[(String, String)], candidates: &Candidates) -> NodeFacts {
+    let mut facts = NodeFacts::default();
     for &id in &candidates.nodes.id {
         let (name, rack) = &names[id as usize];
         let labels = [("rack", rack.as_str()), ("tier", "standard")];

@@ -1660,7 +1660,7 @@ mod tests {
         assert_eq!(states(&capacity, 1_000), [Free; 8]);
         // A lost node's units are lost, whatever held them.
         let mut lost = (*node(8)).clone();
-        lost.conditions.push(crate::booking::store::Condition {
+        lost.conditions.push(crate::condition::Condition {
             kind: "NodeLost".into(),
             reason: "Silent".into(),
             message: String::new(),

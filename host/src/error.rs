@@ -45,7 +45,7 @@ pub enum Error {
     SpendLimitReached(String),
     /// A policy plugin failed its decision (trap, deadline, memory cap, invalid answer).
     #[error("{}", .0.message)]
-    PolicyFailed(crate::policy::Failure),
+    PolicyFailed(crate::placer::Failure),
     /// The request body is larger than the endpoint accepts.
     #[error("{0}")]
     PayloadTooLarge(String),

@@ -518,7 +518,7 @@ impl Metrics {
     }
 
     /// Counts one failed call of plugin `plugin` (its id; `kind` as
-    /// [`crate::policy::FailureKind::as_str`]).
+    /// [`crate::placer::FailureKind::as_str`]).
     pub fn observe_policy_failure(&self, plugin: &str, world: &str, kind: &str) {
         self.policy.update(plugin, world, |figures| {
             match figures.failures.get_mut(kind) {

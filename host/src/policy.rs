@@ -50,9 +50,8 @@ use wasmtime::{
 };
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
-use crate::booking::placement::FactsOf;
+use crate::placer::{FactsOf, Failure, FailureKind, NodeFacts, SpotCandidate};
 use bindings::placer::orl::policy::types as wit;
-use placer::NodeFacts;
 
 /// Default time a decision may take.
 pub const DEFAULT_DEADLINE_MS: u64 = 50;
@@ -94,36 +93,6 @@ impl World {
             .into_iter()
             .find(|w| w.as_str() == s)
     }
-}
-
-/// How a decision failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum FailureKind {
-    Trap,
-    Deadline,
-    Memory,
-    InvalidAnswer,
-}
-
-impl FailureKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailureKind::Trap => "trap",
-            FailureKind::Deadline => "deadline",
-            FailureKind::Memory => "memory",
-            FailureKind::InvalidAnswer => "invalid-answer",
-        }
-    }
-}
-
-/// A policy decision that failed: which plugin, how, and what it said.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Failure {
-    pub plugin_id: String,
-    pub kind: FailureKind,
-    pub message: String,
 }
 
 /// What a running instance may use, and what it did.
@@ -907,7 +876,7 @@ impl PolicyHost {
         request: &orl_placer_default::Request,
         candidates: &orl_placer_default::Candidates,
         facts: FactsOf<'_>,
-        spot: &[crate::booking::placement::SpotCandidate],
+        spot: &[SpotCandidate],
         config: Option<&serde_json::Value>,
         deadline_ms: u64,
     ) -> Result<Result<Vec<u32>, String>, Failure> {

@@ -31,10 +31,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::placement::{ByShape, Census, NativeDefault, Placer as _, Snapshot, held_until};
+use super::placement::{ByShape, Census, Snapshot, held_until};
 use super::store::{Member, Reservation};
 use super::{CreateRequest, DeviceRequest, Duration, Gang, Resources, Topology};
 use crate::capacity::{NodeCapacity, PoolList};
+use crate::placer::{NativeDefault, Placer as _};
 use crate::{Error, Result};
 
 /// How many node reads one search may make.

@@ -17,9 +17,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::place::Chosen;
-use super::placement::{Candidacy, Candidates, Census, Placer, Refusal, Snapshot, check_choice};
+use super::placement::{Candidacy, Census, Snapshot};
 use super::store::{Member, Reservation};
 use crate::inventory::nodes::Node;
+use crate::placer::{Candidates, Placer, Refusal, check_choice};
 use crate::{Error, Result};
 
 /// The node attribute every member of a gang must share (`gang.topologyKey`).
@@ -172,9 +173,9 @@ pub(super) fn decide(
                 Err(Refusal::Failed(failure)) => return Err(Error::PolicyFailed(failure)),
             };
             if let Err(message) = check_choice(&offer.request, &candidates, &choice) {
-                return Err(Error::PolicyFailed(crate::policy::Failure {
+                return Err(Error::PolicyFailed(crate::placer::Failure {
                     plugin_id: placer.id(),
-                    kind: crate::policy::FailureKind::InvalidAnswer,
+                    kind: crate::placer::FailureKind::InvalidAnswer,
                     message,
                 }));
             }
@@ -218,9 +219,7 @@ pub(super) fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::booking::placement::{
-        CandidateUnit, DeviceAsk, DomainLoad, PlacementRequest, PolicyClass,
-    };
+    use crate::placer::{CandidateUnit, DeviceAsk, DomainLoad, PlacementRequest, PolicyClass};
 
     fn unit(domain: u32) -> CandidateUnit {
         CandidateUnit {
@@ -296,12 +295,12 @@ mod tests {
     fn an_answer_on_an_excluded_node_is_refused() {
         let offer = offer();
         let (candidates, _) = restrict(&offer, |id| id != 1);
-        let on_taken = crate::booking::placement::Choice {
+        let on_taken = crate::placer::Choice {
             node: 1,
             units: vec![0],
         };
         assert!(check_choice(&offer.request, &candidates, &on_taken).is_err());
-        let fine = crate::booking::placement::Choice {
+        let fine = crate::placer::Choice {
             node: 2,
             units: vec![2],
         };

@@ -22,11 +22,13 @@ use super::engine::{
     self, Laying, commit_laying, lock_pool, mark_pending, mark_placed, older_pending_exists,
     push_event,
 };
-use super::placement::{Census, Placer, Refusal, Snapshot, check_choice};
+use super::placement::{Census, Snapshot};
 use super::preempt;
-use super::store::{self, Condition, Member, Reservation};
+use super::store::{self, Member, Reservation};
 use super::{HostBooking, State};
 use crate::capacity::{Assumed, Assumption, Change};
+use crate::condition::Condition;
+use crate::placer::{Failure, FailureKind, Placer, Refusal, check_choice};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::settings::Version;
@@ -245,9 +247,9 @@ fn decide_one(
         }
     };
     if let Err(message) = check_choice(&offer.request, &offer.candidates, &choice) {
-        return Err(Error::PolicyFailed(crate::policy::Failure {
+        return Err(Error::PolicyFailed(Failure {
             plugin_id: placer.id(),
-            kind: crate::policy::FailureKind::InvalidAnswer,
+            kind: FailureKind::InvalidAnswer,
             message,
         }));
     }

@@ -3,7 +3,7 @@
 //! with room for the host resources), hands compact records to the pool's placer, and
 //! checks the answer before anything is written.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -13,159 +13,14 @@ use super::store::Reservation;
 use super::{CreateRequest, DeviceRequest, HostBooking};
 use crate::capacity::{Booked, NodeCapacity, PoolList};
 use crate::inventory::nodes::Node;
-use crate::inventory::{DeviceClass, Unit, labels_match};
+use crate::inventory::{Unit, labels_match};
 use crate::node_reservations::may_place;
 use crate::node_reservations::queries::{Filter, load};
-pub use crate::policy::placer::NodeFacts;
-use crate::{App, Result};
-
-pub use orl_placer_default::{
-    Candidates, DeviceClass as PolicyClass, DeviceRequest as DeviceAsk, DomainLoad,
-    Placement as Choice, Request as PlacementRequest, Unit as CandidateUnit,
+use crate::placer::{
+    CandidateUnit, Candidates, DeviceAsk, DomainLoad, NodeFacts, PlacementRequest, SpotCandidate,
+    policy_class,
 };
-
-/// The device class of a unit as the policy interface spells it.
-pub fn policy_class(class: DeviceClass) -> PolicyClass {
-    match class {
-        DeviceClass::Gpu => PolicyClass::Gpu,
-        DeviceClass::GpuMig => PolicyClass::GpuMig,
-        DeviceClass::GpuSlot => PolicyClass::GpuSlot,
-        DeviceClass::NicVf => PolicyClass::NicVf,
-        DeviceClass::Disk => PolicyClass::Disk,
-        DeviceClass::Node => PolicyClass::Node,
-    }
-}
-
-/// Why a placer did not place.
-#[derive(Debug)]
-pub enum Refusal {
-    /// The request does not fit the candidates; it waits (`pending`).
-    Unschedulable(String),
-    /// The policy itself failed (trap, deadline, memory, or an invalid answer): the
-    /// decision fails and nothing is written.
-    Failed(crate::policy::Failure),
-}
-
-/// Works out the names, regions and labels of the nodes of some candidates (WIT
-/// `node-facts`), for a policy that is given them: [`Snapshot::facts`] for the nodes of a
-/// snapshot. Only called when the policy deciding reads them.
-pub type FactsOf<'a> = &'a dyn Fn(&Candidates) -> NodeFacts;
-
-/// The seam every placement policy implements, natively or as a WebAssembly component.
-pub trait Placer: Send + Sync {
-    /// The policy's id, e.g. `sha256:…`.
-    fn id(&self) -> String;
-    /// Chooses units, and names who decided (recorded on the placement); or says why not.
-    /// `facts` gives the candidate nodes' names, regions and labels to a policy that reads
-    /// them.
-    fn place(
-        &self,
-        request: &PlacementRequest,
-        candidates: &Candidates,
-        facts: FactsOf<'_>,
-    ) -> std::result::Result<(Choice, String), Refusal>;
-}
-
-/// The default placement policy (NVLink-aware best fit) run natively: availability
-/// searches and the benchmark's baseline. Pools decide through the WebAssembly component,
-/// the fallback included.
-pub struct NativeDefault;
-
-impl Placer for NativeDefault {
-    fn id(&self) -> String {
-        "native:placer-default".into()
-    }
-
-    fn place(
-        &self,
-        request: &PlacementRequest,
-        candidates: &Candidates,
-        _facts: FactsOf<'_>,
-    ) -> std::result::Result<(Choice, String), Refusal> {
-        orl_placer_default::place(request, candidates)
-            .map(|choice| (choice, self.id()))
-            .map_err(|u| Refusal::Unschedulable(u.into_reason()))
-    }
-}
-
-/// Checks a placer's answer against what it was offered: one node, exactly the requested
-/// number of distinct offered units of each class and model, NVLink domains honoured.
-pub fn check_choice(
-    request: &PlacementRequest,
-    candidates: &Candidates,
-    choice: &Choice,
-) -> std::result::Result<(), String> {
-    let node = candidates
-        .find(choice.node)
-        .ok_or_else(|| format!("node {} was not offered", choice.node))?;
-    let offered = node.free_ids();
-    let mut seen = HashSet::new();
-    let mut chosen: Vec<(u32, CandidateUnit)> = Vec::new();
-    for &id in &choice.units {
-        if !seen.insert(id) {
-            return Err(format!("unit {id} chosen twice"));
-        }
-        let unit = offered
-            .contains(&id)
-            .then(|| candidates.units.get(id))
-            .flatten()
-            .ok_or_else(|| format!("unit {id} was not offered on node {}", choice.node))?;
-        chosen.push((id, unit));
-    }
-    let wanted: u32 = request.devices.iter().map(|d| d.count).sum();
-    if chosen.len() != wanted as usize {
-        return Err(format!("{} units chosen, {wanted} requested", chosen.len()));
-    }
-    // Assign chosen units to device entries, most constrained entries first.
-    let mut remaining = chosen;
-    let mut asks: Vec<&DeviceAsk> = request.devices.iter().collect();
-    asks.sort_by_key(|a| (!a.nvlink_all, a.model.is_none()));
-    for ask in asks {
-        let matching: Vec<u32> = remaining
-            .iter()
-            .filter(|(_, u)| ask.accepts(u))
-            .map(|(id, _)| *id)
-            .collect();
-        let pick: Vec<u32> = if ask.nvlink_all {
-            let mut by_domain: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-            for id in matching {
-                if let Some(d) = candidates.units.get(id).and_then(|u| u.nvlink_domain) {
-                    by_domain.entry(d).or_default().push(id);
-                }
-            }
-            by_domain
-                .into_values()
-                .find(|units| units.len() >= ask.count as usize)
-                .ok_or_else(|| {
-                    format!(
-                        "no {} {} units in one NVLink domain among those chosen",
-                        ask.count, ask.class
-                    )
-                })?
-                .into_iter()
-                .take(ask.count as usize)
-                .collect()
-        } else {
-            matching.into_iter().take(ask.count as usize).collect()
-        };
-        if pick.len() < ask.count as usize {
-            return Err(format!("too few {} units chosen", ask.class));
-        }
-        remaining.retain(|(id, _)| !pick.contains(id));
-    }
-    Ok(())
-}
-
-/// A spot booking that could give way to a request (WIT `spot-booking`): its units are a
-/// run of [`Candidates::units`] and in no node's free run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SpotCandidate {
-    pub id: u32,
-    pub node: u32,
-    pub units: orl_placer_default::Span,
-    pub elapsed_seconds: u64,
-    pub started_at_ms: i64,
-}
+use crate::{App, Result};
 
 /// What a placement (or a preemption) decision is given, and how to read its answer.
 pub struct Candidacy {
@@ -1103,38 +958,7 @@ fn has_room(host: &crate::inventory::HostResources, used: HostBooking, want: Hos
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A GPU in `domain`; its id is its position among the units of the test.
-    fn unit(domain: u32) -> CandidateUnit {
-        CandidateUnit {
-            class: PolicyClass::Gpu,
-            model: 0,
-            nvlink_domain: Some(domain),
-            memory_gib: 80,
-        }
-    }
-
-    fn candidates(nodes: Vec<Vec<CandidateUnit>>) -> Candidates {
-        let mut candidates = Candidates::default();
-        for (id, units) in nodes.into_iter().enumerate() {
-            candidates.push_node(id as u32, 0, 8, [], units);
-        }
-        candidates
-    }
-
-    fn ask(count: u32, nvlink_all: bool) -> PlacementRequest {
-        PlacementRequest {
-            devices: vec![DeviceAsk {
-                class: PolicyClass::Gpu,
-                count,
-                model: None,
-                nvlink_all,
-            }],
-            spot: false,
-            duration_seconds: 3600,
-            models: vec!["H100".into()],
-        }
-    }
+    use crate::inventory::DeviceClass;
 
     #[test]
     fn selector_labels_match_the_units_label_or_else_its_nodes() {
@@ -1197,99 +1021,6 @@ mod tests {
         assert!(
             !matches(&other_model, &plain, &node),
             "every criterion holds"
-        );
-    }
-
-    #[test]
-    fn the_native_default_keeps_nvlink_all_in_one_domain() {
-        let nodes = candidates(vec![
-            vec![unit(0), unit(1), unit(1)],
-            vec![unit(0), unit(0)],
-        ]);
-        let (choice, _) = NativeDefault
-            .place(&ask(2, true), &nodes, &|_| NodeFacts::default())
-            .unwrap();
-        assert!(check_choice(&ask(2, true), &nodes, &choice).is_ok());
-        assert!(matches!(
-            NativeDefault.place(&ask(3, true), &nodes, &|_| NodeFacts::default()),
-            Err(Refusal::Unschedulable(_))
-        ));
-    }
-
-    #[test]
-    fn answers_with_unknown_duplicate_or_wrong_units_are_refused() {
-        let nodes = candidates(vec![vec![unit(0), unit(0), unit(1)]]);
-        let req = ask(2, true);
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0, 1]
-                }
-            )
-            .is_ok()
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0, 0]
-                }
-            )
-            .unwrap_err()
-            .contains("twice")
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0, 9]
-                }
-            )
-            .unwrap_err()
-            .contains("not offered")
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 5,
-                    units: vec![0, 1]
-                }
-            )
-            .unwrap_err()
-            .contains("node 5")
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0]
-                }
-            )
-            .unwrap_err()
-            .contains("1 units chosen")
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0, 2]
-                }
-            )
-            .unwrap_err()
-            .contains("NVLink")
         );
     }
 

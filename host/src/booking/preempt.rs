@@ -17,7 +17,8 @@ use super::placement::{Candidacy, Snapshot};
 use super::store::{self, Reservation};
 use crate::audit::{self, Entry};
 use crate::iam::Principal;
-use crate::policy::{Failure, FailureKind, World, assignment};
+use crate::placer::{Failure, FailureKind};
+use crate::policy::{World, assignment};
 use crate::pools::store::Pool;
 use crate::{App, Error, Result};
 

@@ -9,19 +9,8 @@ use sqlx::{AnyConnection, Row as _};
 
 use super::{Binding, CreateRequest, HostBooking, State};
 use crate::Result;
+use crate::condition::Condition;
 use crate::store::{Batch, Value, flag, placeholders, to_json};
-
-/// A condition on a reservation (`Unschedulable`, `Queued`, …).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub reason: String,
-    pub message: String,
-    /// Epoch milliseconds.
-    pub since: i64,
-}
 
 /// The last operation applied to a reservation: a method (`create`, `release`, `cancel`,
 /// `extend`, `renew`) or a transition the reconciler made (`place`, `activate`,

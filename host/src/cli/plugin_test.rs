@@ -42,10 +42,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::booking::CreateRequest;
-use crate::booking::placement::{Candidacy, Snapshot, check_choice};
+use crate::booking::placement::{Candidacy, Snapshot};
 use crate::capacity::{Booked, NodeCapacity, PoolList};
 use crate::inventory::nodes::Node;
 use crate::inventory::{self, NodeInventory};
+use crate::placer::{Failure, check_choice};
 use crate::policy::logs::LogLine;
 use crate::policy::{BUILT_INS, Loaded, PolicyHost, World};
 
@@ -263,7 +264,7 @@ impl Outcome {
     }
 
     /// The plugin failed the decision (a trap, its deadline or its memory cap).
-    fn failed(mut self, failure: &crate::policy::Failure) -> Outcome {
+    fn failed(mut self, failure: &Failure) -> Outcome {
         let kind = failure.kind.as_str();
         self.decision = format!("failed ({kind})");
         self.problem = Some(format!("{kind}: {}", failure.message));

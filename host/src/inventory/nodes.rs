@@ -42,7 +42,7 @@ pub struct Node {
     pub last_seen_at: String,
     /// `NodeLost` (its agent stopped reporting; no new placements until it reports again)
     /// and `KubernetesReleaseStuck` (pods hold released devices past their booking's end).
-    pub conditions: Vec<crate::booking::store::Condition>,
+    pub conditions: Vec<crate::condition::Condition>,
 }
 
 impl Node {
@@ -458,10 +458,10 @@ fn node_from_row(r: &AnyRow, units: Vec<Unit>) -> Result<Node> {
 fn node_conditions(
     lost_at: Option<i64>,
     stuck_since: Option<i64>,
-) -> Vec<crate::booking::store::Condition> {
+) -> Vec<crate::condition::Condition> {
     let mut conditions = Vec::new();
     if let Some(since) = lost_at {
-        conditions.push(crate::booking::store::Condition {
+        conditions.push(crate::condition::Condition {
             kind: "NodeLost".into(),
             reason: "NodeStoppedReporting".into(),
             message: "the node's agent stopped reporting; it gets no new placements until it reports again".into(),
@@ -469,7 +469,7 @@ fn node_conditions(
         });
     }
     if let Some(since) = stuck_since {
-        conditions.push(crate::booking::store::Condition {
+        conditions.push(crate::condition::Condition {
             kind: "KubernetesReleaseStuck".into(),
             reason: "DevicesHeldPastBooking".into(),
             message: "pods still hold released devices past their booking's end (NoSchedule)"

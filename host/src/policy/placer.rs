@@ -7,11 +7,12 @@ use serde_json::Value;
 use wasmtime::component::{ComponentType, Lower};
 
 use super::bindings::placer::orl::policy::types as wit;
-use super::{Failure, FailureKind, Loaded, PolicyHost};
-use crate::booking::placement::{
-    Candidates, Choice, FactsOf, PlacementRequest, Placer, PolicyClass, Refusal, check_choice,
-};
+use super::{Loaded, PolicyHost};
 use crate::metrics::Metrics;
+use crate::placer::{
+    Candidates, Choice, FactsOf, Failure, FailureKind, NodeFacts, PlacementRequest, Placer,
+    PolicyClass, Refusal, SpotCandidate, check_choice,
+};
 
 /// A pool's placement plugin, as resolved when a decision starts: a swap of the pool's
 /// assignment does not affect a decision already holding this.
@@ -130,7 +131,7 @@ pub(super) fn request_to_wit(request: &PlacementRequest) -> wit::Request {
 }
 
 /// A spot booking that could give way, as the preemptor takes it.
-pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wit::SpotBooking {
+pub(super) fn spot_to_wit(spot: &SpotCandidate) -> wit::SpotBooking {
     wit::SpotBooking {
         id: spot.id,
         node: spot.node,
@@ -140,72 +141,6 @@ pub(super) fn spot_to_wit(spot: &crate::booking::placement::SpotCandidate) -> wi
         },
         elapsed_seconds: spot.elapsed_seconds,
         started_at_ms: spot.started_at_ms,
-    }
-}
-
-/// What a policy of `orl:policy@0.2.0` sees of each candidate node beyond its units (WIT
-/// `node-facts`): entry `j` of the `name`, `region` and `labels` columns describes node `j`
-/// of the call's candidates, its strings runs of one block of text. Columns of numbers, so
-/// the call copies each as one block.
-#[derive(Clone, Debug, Default, PartialEq, Eq, ComponentType, Lower)]
-#[component(record)]
-pub struct NodeFacts {
-    pub text: Vec<u8>,
-    #[component(name = "name-start")]
-    pub name_start: Vec<u32>,
-    #[component(name = "name-len")]
-    pub name_len: Vec<u32>,
-    #[component(name = "region-start")]
-    pub region_start: Vec<u32>,
-    #[component(name = "region-len")]
-    pub region_len: Vec<u32>,
-    #[component(name = "labels-start")]
-    pub labels_start: Vec<u32>,
-    #[component(name = "labels-len")]
-    pub labels_len: Vec<u32>,
-    #[component(name = "key-start")]
-    pub key_start: Vec<u32>,
-    #[component(name = "key-len")]
-    pub key_len: Vec<u32>,
-    #[component(name = "value-start")]
-    pub value_start: Vec<u32>,
-    #[component(name = "value-len")]
-    pub value_len: Vec<u32>,
-}
-
-impl NodeFacts {
-    /// Appends the next node: its name, region (none is an empty run) and labels, which
-    /// must come sorted by key as a node's labels are kept.
-    pub fn push<'l>(
-        &mut self,
-        name: &str,
-        region: Option<&str>,
-        labels: impl IntoIterator<Item = (&'l str, &'l str)>,
-    ) {
-        let (start, len) = self.push_text(name);
-        self.name_start.push(start);
-        self.name_len.push(len);
-        let (start, len) = region.map_or((0, 0), |r| self.push_text(r));
-        self.region_start.push(start);
-        self.region_len.push(len);
-        let first = self.key_start.len() as u32;
-        for (key, value) in labels {
-            let (start, len) = self.push_text(key);
-            self.key_start.push(start);
-            self.key_len.push(len);
-            let (start, len) = self.push_text(value);
-            self.value_start.push(start);
-            self.value_len.push(len);
-        }
-        self.labels_start.push(first);
-        self.labels_len.push(self.key_start.len() as u32 - first);
-    }
-
-    /// Appends `text`; answers its run, start and length.
-    fn push_text(&mut self, text: &str) -> (u32, u32) {
-        let start = self.text.len() as u32;
-        self.text.extend_from_slice(text.as_bytes());
-        (start, text.len() as u32)
     }
 }
 
