@@ -25,11 +25,28 @@ pub(crate) struct Fleet {
 }
 
 pub(crate) async fn fleet(db: Db, nodes: usize, gpus: i64, policy: Value) -> Fleet {
-    let options = Options {
+    let server = Server::start_with(db, fleet_options(Vec::new())).await;
+    let mut fleet = fleet_on(server, nodes, gpus, policy).await;
+    if db == Db::Postgres {
+        for _ in 0..2 {
+            let replica = fleet.servers[0].replica().await;
+            fleet.servers.push(replica);
+        }
+    }
+    fleet
+}
+
+/// A fleet's server options, with `env` set for it.
+fn fleet_options(env: Vec<(String, String)>) -> Options {
+    Options {
         args: vec!["--database-connections".into(), "6".into()],
+        env,
         ..Options::default()
-    };
-    let server = Server::start_with(db, options).await;
+    }
+}
+
+/// [`fleet`] on `server` alone.
+async fn fleet_on(server: Server, nodes: usize, gpus: i64, policy: Value) -> Fleet {
     let provider = server.org_with_key("acme", "provider").await;
     let node_ids: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
     for node in &node_ids {
@@ -53,15 +70,8 @@ pub(crate) async fn fleet(db: Db, nodes: usize, gpus: i64, policy: Value) -> Fle
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{offer}");
-    let mut servers = vec![server];
-    if db == Db::Postgres {
-        for _ in 0..2 {
-            let replica = servers[0].replica().await;
-            servers.push(replica);
-        }
-    }
     Fleet {
-        servers,
+        servers: vec![server],
         pool,
         key,
         provider,
@@ -170,6 +180,7 @@ on_both_databases!(
     a_spot_create_racing_a_reclaim_never_survives_it,
     a_reservation_placed_late_books_from_when_it_was_placed,
     a_lease_with_a_future_start_counts_from_the_start,
+    a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_take_them,
     a_node_binding_books_the_whole_node,
     creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once,
     creates_racing_with_one_key_on_every_replica_answer_one_reservation,
@@ -606,4 +617,57 @@ async fn a_node_binding_books_the_whole_node(db: Db) {
         "the other node is partly booked: {second}"
     );
     invariants::check(&f.servers[0]).await;
+}
+
+/// A pending reservation's retry that decided on units a node reservation then claimed for
+/// another org, before its write: the write reads the node's rights again and loses, and
+/// the reservation waits instead of taking units its tenant may not use.
+async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_take_them(db: Db) {
+    let gates = tempfile::tempdir().unwrap();
+    let gate = gates.path().join("open");
+    let env = vec![("ORL_TEST_RETRY_GATE".into(), gate.display().to_string())];
+    let server = Server::start_with(db, fleet_options(env)).await;
+    server.org_with_key("tenant-b", "member").await;
+    let f = fleet_on(server, 1, 64, json!({})).await;
+    let first = f.create(0, f.ask("first", 8, None)).await;
+    let waiting = f.create(0, f.ask("waiting", 2, None)).await;
+    assert_eq!(waiting["state"], "pending", "{waiting}");
+    // The release wakes the pool: the waiting reservation's retry decides on the freed
+    // units, and is held before it writes.
+    let release = {
+        let (tenant, body) = (
+            f.tenant(0),
+            json!({ "tenantId": "tenant-a", "reservationId": first["id"] }),
+        );
+        tokio::spawn(async move { rpc(&tenant, "release", body).await })
+    };
+    let reached = gates.path().join("open.reached");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !reached.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the retry never reached its gate"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let units: Vec<String> = (0..8).map(|u| format!("n1-gpu{u}")).collect();
+    let (status, claim) = (f.servers[0].admin())
+        .post(
+            "/v1/nodes/n1/reservations",
+            json!({ "unitIds": units, "allowedOrgIds": ["tenant-b"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{claim}");
+    std::fs::write(&gate, b"").unwrap();
+    let (status, released) = release.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{released}");
+    let after = f.get(&waiting["id"]).await;
+    assert_eq!(after["state"], "pending", "{after}");
+    let mut db = f.servers[0].database().await;
+    let booked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM bookings WHERE reservation_id = $1")
+        .bind(waiting["id"].as_str().unwrap())
+        .fetch_one(&mut db)
+        .await
+        .unwrap();
+    assert_eq!(booked, 0, "nothing of the claimed node is booked to it");
 }

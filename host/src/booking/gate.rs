@@ -8,7 +8,9 @@
 //! - `ORL_TEST_EXTEND_BOOK_GATE`: an extend that found no later booking in its way, before
 //!   it moves its bookings;
 //! - `ORL_TEST_END_GATE`: a terminal move (release, cancel, expiry) whose guarded update
-//!   matched, before its effects (the refund, the bookings' end, the event).
+//!   matched, before its effects (the refund, the bookings' end, the event);
+//! - `ORL_TEST_RETRY_GATE`: a pending reservation's retry that decided on the capacity
+//!   view, before its write transaction.
 
 pub(crate) async fn hold_at(gate: &str) {
     let Some(file) = std::env::var_os(gate) else {

@@ -716,6 +716,8 @@ async fn retry(
                 decide(app, (pool, at), &r).await?
             }
         };
+        #[cfg(debug_assertions)]
+        super::gate::hold_at("ORL_TEST_RETRY_GATE").await;
         let mut tx = app.store.begin().await?;
         let Some(mut r) = store::find(&mut tx, id, app.store.for_update()).await? else {
             return Ok(false);
