@@ -181,6 +181,7 @@ on_both_databases!(
     a_reservation_placed_late_books_from_when_it_was_placed,
     a_lease_with_a_future_start_counts_from_the_start,
     a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_take_them,
+    a_retry_decided_before_its_node_shrank_does_not_overbook_its_cpus,
     a_node_binding_books_the_whole_node,
     creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once,
     creates_racing_with_one_key_on_every_replica_answer_one_reservation,
@@ -619,37 +620,77 @@ async fn a_node_binding_books_the_whole_node(db: Db) {
     invariants::check(&f.servers[0]).await;
 }
 
+/// One server whose pending reservations' retries are held after deciding, before they
+/// write (`ORL_TEST_RETRY_GATE`), until the gate opens.
+struct RetryGate {
+    f: Fleet,
+    gates: tempfile::TempDir,
+}
+
+impl RetryGate {
+    async fn start(db: Db) -> RetryGate {
+        let gates = tempfile::tempdir().unwrap();
+        let gate = gates.path().join("open").display().to_string();
+        let server = Server::start_with(
+            db,
+            fleet_options(vec![("ORL_TEST_RETRY_GATE".into(), gate)]),
+        )
+        .await;
+        server.org_with_key("tenant-b", "member").await;
+        let f = fleet_on(server, 1, 64, json!({})).await;
+        RetryGate { f, gates }
+    }
+
+    /// Releases `id` in a task of its own: the release wakes the pool, and its answer waits
+    /// for the retries it starts.
+    fn release(&self, id: &Value) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+        let (tenant, body) = (
+            self.f.tenant(0),
+            json!({ "tenantId": "tenant-a", "reservationId": id }),
+        );
+        tokio::spawn(async move { rpc(&tenant, "release", body).await })
+    }
+
+    /// Waits until a retry is held at the gate.
+    async fn reached(&self) {
+        let reached = self.gates.path().join("open.reached");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !reached.exists() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no retry reached the gate"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    fn open(&self) {
+        std::fs::write(self.gates.path().join("open"), b"").unwrap();
+    }
+
+    /// How many units are booked to `id`.
+    async fn booked(&self, id: &Value) -> i64 {
+        let mut db = self.f.servers[0].database().await;
+        sqlx::query_scalar("SELECT COUNT(*) FROM bookings WHERE reservation_id = $1")
+            .bind(id.as_str().unwrap())
+            .fetch_one(&mut db)
+            .await
+            .unwrap()
+    }
+}
+
 /// A pending reservation's retry that decided on units a node reservation then claimed for
 /// another org, before its write: the write reads the node's rights again and loses, and
 /// the reservation waits instead of taking units its tenant may not use.
 async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_take_them(db: Db) {
-    let gates = tempfile::tempdir().unwrap();
-    let gate = gates.path().join("open");
-    let env = vec![("ORL_TEST_RETRY_GATE".into(), gate.display().to_string())];
-    let server = Server::start_with(db, fleet_options(env)).await;
-    server.org_with_key("tenant-b", "member").await;
-    let f = fleet_on(server, 1, 64, json!({})).await;
+    let g = RetryGate::start(db).await;
+    let f = &g.f;
     let first = f.create(0, f.ask("first", 8, None)).await;
     let waiting = f.create(0, f.ask("waiting", 2, None)).await;
     assert_eq!(waiting["state"], "pending", "{waiting}");
-    // The release wakes the pool: the waiting reservation's retry decides on the freed
-    // units, and is held before it writes.
-    let release = {
-        let (tenant, body) = (
-            f.tenant(0),
-            json!({ "tenantId": "tenant-a", "reservationId": first["id"] }),
-        );
-        tokio::spawn(async move { rpc(&tenant, "release", body).await })
-    };
-    let reached = gates.path().join("open.reached");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !reached.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the retry never reached its gate"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // The waiting reservation's retry decides on the units the release frees, and is held.
+    let release = g.release(&first["id"]);
+    g.reached().await;
     let units: Vec<String> = (0..8).map(|u| format!("n1-gpu{u}")).collect();
     let (status, claim) = (f.servers[0].admin())
         .post(
@@ -658,16 +699,50 @@ async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_ta
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{claim}");
-    std::fs::write(&gate, b"").unwrap();
+    g.open();
     let (status, released) = release.await.unwrap();
     assert_eq!(status, StatusCode::OK, "{released}");
     let after = f.get(&waiting["id"]).await;
     assert_eq!(after["state"], "pending", "{after}");
-    let mut db = f.servers[0].database().await;
-    let booked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM bookings WHERE reservation_id = $1")
-        .bind(waiting["id"].as_str().unwrap())
-        .fetch_one(&mut db)
-        .await
-        .unwrap();
-    assert_eq!(booked, 0, "nothing of the claimed node is booked to it");
+    assert_eq!(
+        g.booked(&waiting["id"]).await,
+        0,
+        "nothing of the claimed node"
+    );
+}
+
+/// A pending reservation's retry that decided on a node whose provider then reported fewer
+/// host CPUs, before its write: the write reads the node's CPUs again and loses, and the
+/// reservation waits instead of booking more CPUs than the node has.
+async fn a_retry_decided_before_its_node_shrank_does_not_overbook_its_cpus(db: Db) {
+    let g = RetryGate::start(db).await;
+    let f = &g.f;
+    let (status, offer) = f.servers[0]
+        .admin()
+        .post(
+            &format!("/v1/pools/{}/offers", f.pool),
+            json!({ "tenantId": "tenant-a", "quota": { "gpu": 64, "vcpu": 4096 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{offer}");
+    let first = f.create(0, f.ask("first", 8, None)).await;
+    let mut ask = f.ask("waiting", 2, None);
+    ask["resources"] = json!({ "vcpu": 150 });
+    let waiting = f.create(0, ask).await;
+    assert_eq!(waiting["state"], "pending", "{waiting}");
+    let release = g.release(&first["id"]);
+    g.reached().await;
+    let mut inventory = crate::support::h100_inventory("n1", 8);
+    inventory["host"]["vcpu"] = json!(100);
+    let (status, node) = f
+        .provider
+        .put("/v1/orgs/acme/provider/nodes/n1", inventory)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{node}");
+    g.open();
+    let (status, released) = release.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{released}");
+    let after = f.get(&waiting["id"]).await;
+    assert_eq!(after["state"], "pending", "150 CPUs exceed 100: {after}");
+    assert_eq!(g.booked(&waiting["id"]).await, 0);
 }
