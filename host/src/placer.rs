@@ -254,12 +254,13 @@ pub struct Failure {
     pub message: String,
 }
 
+/// Candidates and requests for the decision tests here and in the booking engine.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A GPU in `domain`; its id is its position among the units of the test.
-    fn unit(domain: u32) -> CandidateUnit {
+    pub(crate) fn unit(domain: u32) -> CandidateUnit {
         CandidateUnit {
             class: PolicyClass::Gpu,
             model: 0,
@@ -276,7 +277,8 @@ mod tests {
         candidates
     }
 
-    fn ask(count: u32, nvlink_all: bool) -> PlacementRequest {
+    /// A request for `count` GPUs, in one NVLink domain or not.
+    pub(crate) fn ask(count: u32, nvlink_all: bool) -> PlacementRequest {
         PlacementRequest {
             devices: vec![DeviceAsk {
                 class: PolicyClass::Gpu,

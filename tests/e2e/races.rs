@@ -664,8 +664,17 @@ impl RetryGate {
         }
     }
 
-    fn open(&self) {
+    /// Opens the gate: the held retry writes, and the release that started it answers.
+    /// Answers the reservation `waiting` as the retry left it.
+    async fn open(
+        &self,
+        release: tokio::task::JoinHandle<(StatusCode, Value)>,
+        waiting: &Value,
+    ) -> Value {
         std::fs::write(self.gates.path().join("open"), b"").unwrap();
+        let (status, released) = release.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{released}");
+        self.f.get(&waiting["id"]).await
     }
 
     /// How many units are booked to `id`.
@@ -699,10 +708,7 @@ async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_ta
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{claim}");
-    g.open();
-    let (status, released) = release.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{released}");
-    let after = f.get(&waiting["id"]).await;
+    let after = g.open(release, &waiting).await;
     assert_eq!(after["state"], "pending", "{after}");
     assert_eq!(
         g.booked(&waiting["id"]).await,
@@ -739,10 +745,7 @@ async fn a_retry_decided_before_its_node_shrank_does_not_overbook_its_cpus(db: D
         .put("/v1/orgs/acme/provider/nodes/n1", inventory)
         .await;
     assert_eq!(status, StatusCode::OK, "{node}");
-    g.open();
-    let (status, released) = release.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{released}");
-    let after = f.get(&waiting["id"]).await;
+    let after = g.open(release, &waiting).await;
     assert_eq!(after["state"], "pending", "150 CPUs exceed 100: {after}");
     assert_eq!(g.booked(&waiting["id"]).await, 0);
 }

@@ -219,16 +219,8 @@ pub(super) fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placer::{CandidateUnit, DeviceAsk, DomainLoad, PlacementRequest, PolicyClass};
-
-    fn unit(domain: u32) -> CandidateUnit {
-        CandidateUnit {
-            class: PolicyClass::Gpu,
-            model: 0,
-            nvlink_domain: Some(domain),
-            memory_gib: 80,
-        }
-    }
+    use crate::placer::tests::{ask, unit};
+    use crate::placer::{CandidateUnit, DomainLoad};
 
     /// Three snapshot nodes (0, 1, 2) with 2, 1 and 3 free units.
     fn offer() -> Candidacy {
@@ -249,17 +241,7 @@ mod tests {
             candidates.push_node(node, 8 - free, 8, [load], units);
         }
         Candidacy {
-            request: PlacementRequest {
-                devices: vec![DeviceAsk {
-                    class: PolicyClass::Gpu,
-                    count: 1,
-                    model: None,
-                    nvlink_all: false,
-                }],
-                spot: false,
-                duration_seconds: 3600,
-                models: vec!["H100".into()],
-            },
+            request: ask(1, false),
             candidates,
             index,
             census: None,
