@@ -311,77 +311,18 @@ pub(crate) mod tests {
     #[test]
     fn answers_with_unknown_duplicate_or_wrong_units_are_refused() {
         let nodes = candidates(vec![vec![unit(0), unit(0), unit(1)]]);
-        let req = ask(2, true);
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0, 1]
-                }
-            )
-            .is_ok()
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0, 0]
-                }
-            )
-            .unwrap_err()
-            .contains("twice")
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0, 9]
-                }
-            )
-            .unwrap_err()
-            .contains("not offered")
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 5,
-                    units: vec![0, 1]
-                }
-            )
-            .unwrap_err()
-            .contains("node 5")
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0]
-                }
-            )
-            .unwrap_err()
-            .contains("1 units chosen")
-        );
-        assert!(
-            check_choice(
-                &req,
-                &nodes,
-                &Choice {
-                    node: 0,
-                    units: vec![0, 2]
-                }
-            )
-            .unwrap_err()
-            .contains("NVLink")
-        );
+        let check = |node: u32, units: &[u32]| {
+            let choice = Choice {
+                node,
+                units: units.to_vec(),
+            };
+            check_choice(&ask(2, true), &nodes, &choice)
+        };
+        assert!(check(0, &[0, 1]).is_ok());
+        assert!(check(0, &[0, 0]).unwrap_err().contains("twice"));
+        assert!(check(0, &[0, 9]).unwrap_err().contains("not offered"));
+        assert!(check(5, &[0, 1]).unwrap_err().contains("node 5"));
+        assert!(check(0, &[0]).unwrap_err().contains("1 units chosen"));
+        assert!(check(0, &[0, 2]).unwrap_err().contains("NVLink"));
     }
 }
