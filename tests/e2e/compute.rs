@@ -162,6 +162,7 @@ on_both_databases!(
     a_claim_left_by_an_extend_that_never_finished_holds_others_off_ten_seconds_and_says_how_long,
     a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before,
     pending_reservations_of_a_pool_are_retried_together_oldest_first_and_what_still_waits_waits_thirty_seconds_more,
+    a_reservation_still_waiting_for_the_same_reason_keeps_its_conditions_since,
     renew_moves_the_lease_and_a_lapsed_lease_releases,
     the_reconciler_activates_and_expires_with_the_clock,
     iam_policy_refusal_is_access_denied_and_stays_refused,
@@ -1068,24 +1069,7 @@ async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_wh
     // not, and does not keep the later one waiting.
     register_node(&w.provider, "acme", "n2", 8).await;
     w.set_pool_nodes(&["n1", "n2"]).await;
-    let tried = |text: &str| {
-        (text.lines())
-            .find_map(|l| {
-                l.strip_prefix("orl_pending_retries_total ")?
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0)
-    };
-    let before = tried(
-        w.server
-            .anonymous()
-            .get("/metrics")
-            .await
-            .1
-            .as_str()
-            .unwrap(),
-    );
+    let before = pending_retries(&w).await;
     w.server.set_clock(T0 + 30_000).await;
     let mut after = Vec::new();
     for r in &waiting {
@@ -1106,8 +1090,7 @@ async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_wh
         why.contains("of 2 nodes"),
         "waits on what it was tried on: {why}"
     );
-    let after_text = w.server.anonymous().get("/metrics").await.1;
-    assert_eq!(tried(after_text.as_str().unwrap()) - before, 3.0);
+    assert_eq!(pending_retries(&w).await - before, 3.0);
     // The one still waiting is tried again 30 s after its last attempt, not before.
     register_node(&w.provider, "acme", "n3", 8).await;
     w.set_pool_nodes(&["n1", "n2", "n3"]).await;
@@ -1117,6 +1100,42 @@ async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_wh
     let (_, placed) = w.get(&waiting[1]["id"]).await;
     assert_eq!(placed["state"], "placed", "{placed}");
     assert_eq!(placed["placement"]["nodeId"], "n3");
+}
+
+async fn a_reservation_still_waiting_for_the_same_reason_keeps_its_conditions_since(db: Db) {
+    let w = world(db, 1, 64).await;
+    w.create(w.ask("k-fill", 8)).await;
+    let waiting = w.create(w.ask("k-wait", 2)).await;
+    let since = |r: &Value| r["conditions"][0]["since"].as_i64();
+    assert_eq!(since(&waiting), Some(T0), "{waiting}");
+    let before = pending_retries(&w).await;
+    w.server.set_clock(T0 + 30_000).await;
+    let (_, r) = w.get(&waiting["id"]).await;
+    assert_eq!(pending_retries(&w).await - before, 1.0, "tried again");
+    assert_eq!(r["state"], "pending");
+    assert_eq!(
+        r["conditions"], waiting["conditions"],
+        "the same reason, since {T0}"
+    );
+    // A node joins that does not take it either: the reason changes, and holds since then.
+    register_node(&w.provider, "acme", "n2", 1).await;
+    w.set_pool_nodes(&["n1", "n2"]).await;
+    w.server.set_clock(T0 + 60_000).await;
+    let (_, r) = w.get(&waiting["id"]).await;
+    assert_eq!(pending_retries(&w).await - before, 2.0, "tried again");
+    assert_ne!(
+        r["conditions"][0]["message"],
+        waiting["conditions"][0]["message"]
+    );
+    assert_eq!(since(&r), Some(T0 + 60_000), "{r}");
+}
+
+/// How many pending reservations the server has tried to place again.
+async fn pending_retries(w: &World) -> f64 {
+    let (_, text) = w.server.anonymous().get("/metrics").await;
+    (text.as_str().unwrap().lines())
+        .find_map(|l| l.strip_prefix("orl_pending_retries_total ")?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 async fn renew_moves_the_lease_and_a_lapsed_lease_releases(db: Db) {
