@@ -472,10 +472,20 @@ async fn pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reserv
     // Freed, the node fits the first (all 8) or the second, not both: the first goes first.
     w.call("release", &holder["id"]).await;
     assert_eq!(w.get(&first["id"]).await.1["state"], "placed");
+    let (_, waits) = w.get(&second["id"]).await;
     assert_eq!(
-        w.get(&second["id"]).await.1["state"],
-        "pending",
+        waits["state"], "pending",
         "the second waits behind the first"
+    );
+    assert_eq!(
+        waits["conditions"][0]["type"], "Queued",
+        "tried again, it is still queued: {waits}"
+    );
+    // Tried on every pass, it waits for the same reason since the same time.
+    w.server.set_clock(T0 + 1_000).await;
+    assert_eq!(
+        w.get(&second["id"]).await.1["conditions"],
+        waits["conditions"]
     );
     w.call("release", &first["id"]).await;
     assert_eq!(w.get(&second["id"]).await.1["state"], "placed");
@@ -1051,6 +1061,7 @@ async fn a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_n
     let (_, placed) = w.get(&waiting["id"]).await;
     assert_eq!(placed["state"], "placed", "retried at 30 s: {placed}");
     assert_eq!(placed["placement"]["nodeId"], "n2");
+    assert_eq!(placed["conditions"], json!([]), "no longer unschedulable");
 }
 
 async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_what_still_waits_waits_thirty_seconds_more(

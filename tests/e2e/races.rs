@@ -182,6 +182,7 @@ on_both_databases!(
     a_lease_with_a_future_start_counts_from_the_start,
     a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_take_them,
     a_retry_decided_before_its_node_shrank_does_not_overbook_its_cpus,
+    a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left,
     a_node_binding_books_the_whole_node,
     creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once,
     creates_racing_with_one_key_on_every_replica_answer_one_reservation,
@@ -715,6 +716,35 @@ async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_ta
         0,
         "nothing of the claimed node"
     );
+}
+
+/// A pending reservation's retry whose chosen units a node reservation claimed before its
+/// write loses the write, and, in the same pass, decides again on what the node has left.
+async fn a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left(db: Db) {
+    let g = RetryGate::start(db).await;
+    let f = &g.f;
+    let first = f.create(0, f.ask("first", 8, None)).await;
+    let waiting = f.create(0, f.ask("waiting", 2, None)).await;
+    assert_eq!(waiting["state"], "pending", "{waiting}");
+    let release = g.release(&first["id"]);
+    g.reached().await;
+    // The placer takes the lowest free units first: the retry decided on two of these.
+    let units: Vec<String> = (0..6).map(|u| format!("n1-gpu{u}")).collect();
+    let (status, claim) = (f.servers[0].admin())
+        .post(
+            "/v1/nodes/n1/reservations",
+            json!({ "unitIds": units, "allowedOrgIds": ["tenant-b"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{claim}");
+    let after = g.open(release, &waiting).await;
+    assert_eq!(after["state"], "placed", "decided again at once: {after}");
+    assert_eq!(
+        after["placement"]["unitIds"],
+        json!(["n1-gpu6", "n1-gpu7"]),
+        "{after}"
+    );
+    assert_eq!(after["conditions"], json!([]), "no longer unschedulable");
 }
 
 /// A pending reservation's retry that decided on a node whose provider then reported fewer

@@ -166,6 +166,7 @@ on_both_databases!(
     spot_requests_never_preempt_and_non_spot_work_is_never_preempted,
     sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once,
     what_a_preemption_frees_beyond_its_need_goes_to_waiting_reservations_at_once,
+    a_waiting_reservation_tried_again_preempts_spot_work_booked_after_it,
     a_reclaim_hands_the_units_it_frees_to_waiting_reservations_at_once,
 );
 
@@ -672,6 +673,36 @@ async fn what_a_preemption_frees_beyond_its_need_goes_to_waiting_reservations_at
         "the NVLink domain the buyer left goes to the waiting reservation: {waiting}"
     );
     assert_eq!(c.used("spotter").await, 4);
+}
+
+async fn a_waiting_reservation_tried_again_preempts_spot_work_booked_after_it(db: Db) {
+    let c = contest(db, 1).await;
+    let steady = c.create("buyer", "steady", 4, false).await;
+    let big = c.create("buyer", "big", 8, false).await;
+    assert_eq!(
+        big["state"], "pending",
+        "no spot work to give way yet: {big}"
+    );
+    let spot = c.create("spotter", "spot", 4, true).await;
+    assert_eq!(spot["state"], "placed", "{spot}");
+    c.buyer
+        .post(
+            "/api/compute/reservations/release",
+            json!({ "tenantId": "buyer", "reservationId": steady["id"] }),
+        )
+        .await;
+    c.server.set_clock(T0 + 30_000).await;
+    let big = c.get("buyer", &big).await;
+    assert_eq!(
+        big["state"], "placed",
+        "tried again, the spot work gives way: {big}"
+    );
+    let victim = c.get("spotter", &spot).await;
+    assert_eq!(
+        (&victim["state"], &victim["reason"]),
+        (&json!("released"), &json!("preempted"))
+    );
+    assert_eq!(c.preemptions().await.len(), 1);
 }
 
 async fn sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once(db: Db) {
