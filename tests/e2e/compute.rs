@@ -477,9 +477,17 @@ async fn pool_lease_serves_the_queue_in_order_and_wait_returns_the_queued_reserv
         waits["state"], "pending",
         "the second waits behind the first"
     );
+    let kinds: Vec<&Value> = (waits["conditions"].as_array().unwrap().iter())
+        .map(|c| &c["type"])
+        .collect();
     assert_eq!(
-        waits["conditions"][0]["type"], "Queued",
+        kinds,
+        ["Queued"],
         "tried again, it is still queued: {waits}"
+    );
+    assert_ne!(
+        waits["conditions"][0]["message"], second["conditions"][0]["message"],
+        "no longer behind an older one, it waits for the units"
     );
     // Tried on every pass, it waits for the same reason since the same time.
     w.server.set_clock(T0 + 1_000).await;
