@@ -678,6 +678,33 @@ impl RetryGate {
         self.f.get(&waiting["id"]).await
     }
 
+    /// Fills n1 with `first`, creates `waiting` from `ask` (which then waits), and
+    /// releases `first`: the waiting reservation's retry decides on the units freed and is
+    /// held at the gate. Answers the release (see [`RetryGate::open`]) and `waiting`.
+    async fn hold_a_retry(
+        &self,
+        ask: Value,
+    ) -> (tokio::task::JoinHandle<(StatusCode, Value)>, Value) {
+        let first = self.f.create(0, self.f.ask("first", 8, None)).await;
+        let waiting = self.f.create(0, ask).await;
+        assert_eq!(waiting["state"], "pending", "{waiting}");
+        let release = self.release(&first["id"]);
+        self.reached().await;
+        (release, waiting)
+    }
+
+    /// Claims n1's units `gpus` for `tenant-b` with a node reservation.
+    async fn claim_for_another_org(&self, gpus: std::ops::Range<usize>) {
+        let units: Vec<String> = gpus.map(|u| format!("n1-gpu{u}")).collect();
+        let (status, claim) = (self.f.servers[0].admin())
+            .post(
+                "/v1/nodes/n1/reservations",
+                json!({ "unitIds": units, "allowedOrgIds": ["tenant-b"] }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{claim}");
+    }
+
     /// How many units are booked to `id`.
     async fn booked(&self, id: &Value) -> i64 {
         let mut db = self.f.servers[0].database().await;
@@ -694,21 +721,8 @@ impl RetryGate {
 /// the reservation waits instead of taking units its tenant may not use.
 async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_take_them(db: Db) {
     let g = RetryGate::start(db).await;
-    let f = &g.f;
-    let first = f.create(0, f.ask("first", 8, None)).await;
-    let waiting = f.create(0, f.ask("waiting", 2, None)).await;
-    assert_eq!(waiting["state"], "pending", "{waiting}");
-    // The waiting reservation's retry decides on the units the release frees, and is held.
-    let release = g.release(&first["id"]);
-    g.reached().await;
-    let units: Vec<String> = (0..8).map(|u| format!("n1-gpu{u}")).collect();
-    let (status, claim) = (f.servers[0].admin())
-        .post(
-            "/v1/nodes/n1/reservations",
-            json!({ "unitIds": units, "allowedOrgIds": ["tenant-b"] }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{claim}");
+    let (release, waiting) = g.hold_a_retry(g.f.ask("waiting", 2, None)).await;
+    g.claim_for_another_org(0..8).await;
     let after = g.open(release, &waiting).await;
     assert_eq!(after["state"], "pending", "{after}");
     assert_eq!(
@@ -722,21 +736,9 @@ async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_ta
 /// write loses the write, and, in the same pass, decides again on what the node has left.
 async fn a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left(db: Db) {
     let g = RetryGate::start(db).await;
-    let f = &g.f;
-    let first = f.create(0, f.ask("first", 8, None)).await;
-    let waiting = f.create(0, f.ask("waiting", 2, None)).await;
-    assert_eq!(waiting["state"], "pending", "{waiting}");
-    let release = g.release(&first["id"]);
-    g.reached().await;
+    let (release, waiting) = g.hold_a_retry(g.f.ask("waiting", 2, None)).await;
     // The placer takes the lowest free units first: the retry decided on two of these.
-    let units: Vec<String> = (0..6).map(|u| format!("n1-gpu{u}")).collect();
-    let (status, claim) = (f.servers[0].admin())
-        .post(
-            "/v1/nodes/n1/reservations",
-            json!({ "unitIds": units, "allowedOrgIds": ["tenant-b"] }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{claim}");
+    g.claim_for_another_org(0..6).await;
     let after = g.open(release, &waiting).await;
     assert_eq!(after["state"], "placed", "decided again at once: {after}");
     assert_eq!(
@@ -761,13 +763,9 @@ async fn a_retry_decided_before_its_node_shrank_does_not_overbook_its_cpus(db: D
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{offer}");
-    let first = f.create(0, f.ask("first", 8, None)).await;
     let mut ask = f.ask("waiting", 2, None);
     ask["resources"] = json!({ "vcpu": 150 });
-    let waiting = f.create(0, ask).await;
-    assert_eq!(waiting["state"], "pending", "{waiting}");
-    let release = g.release(&first["id"]);
-    g.reached().await;
+    let (release, waiting) = g.hold_a_retry(ask).await;
     let mut inventory = crate::support::h100_inventory("n1", 8);
     inventory["host"]["vcpu"] = json!(100);
     let (status, node) = f

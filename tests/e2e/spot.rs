@@ -685,12 +685,14 @@ async fn a_waiting_reservation_tried_again_preempts_spot_work_booked_after_it(db
     );
     let spot = c.create("spotter", "spot", 4, true).await;
     assert_eq!(spot["state"], "placed", "{spot}");
-    c.buyer
+    let (status, released) = c
+        .buyer
         .post(
             "/api/compute/reservations/release",
             json!({ "tenantId": "buyer", "reservationId": steady["id"] }),
         )
         .await;
+    assert_eq!(status, StatusCode::OK, "{released}");
     c.server.set_clock(T0 + 30_000).await;
     let big = c.get("buyer", &big).await;
     assert_eq!(
