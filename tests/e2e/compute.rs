@@ -1088,7 +1088,7 @@ async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_wh
     // not, and does not keep the later one waiting.
     register_node(&w.provider, "acme", "n2", 8).await;
     w.set_pool_nodes(&["n1", "n2"]).await;
-    let before = pending_retries(&w).await;
+    let before = w.server.pending_retries().await;
     w.server.set_clock(T0 + 30_000).await;
     let mut after = Vec::new();
     for r in &waiting {
@@ -1109,7 +1109,7 @@ async fn pending_reservations_of_a_pool_are_retried_together_oldest_first_and_wh
         why.contains("of 2 nodes"),
         "waits on what it was tried on: {why}"
     );
-    assert_eq!(pending_retries(&w).await - before, 3.0);
+    assert_eq!(w.server.pending_retries().await - before, 3.0);
     // The one still waiting is tried again 30 s after its last attempt, not before.
     register_node(&w.provider, "acme", "n3", 8).await;
     w.set_pool_nodes(&["n1", "n2", "n3"]).await;
@@ -1127,10 +1127,11 @@ async fn a_reservation_still_waiting_for_the_same_reason_keeps_its_conditions_si
     let waiting = w.create(w.ask("k-wait", 2)).await;
     let since = |r: &Value| r["conditions"][0]["since"].as_i64();
     assert_eq!(since(&waiting), Some(T0), "{waiting}");
-    let before = pending_retries(&w).await;
+    let before = w.server.pending_retries().await;
+    let retries = || async { w.server.pending_retries().await - before };
     w.server.set_clock(T0 + 30_000).await;
     let (_, r) = w.get(&waiting["id"]).await;
-    assert_eq!(pending_retries(&w).await - before, 1.0, "tried again");
+    assert_eq!(retries().await, 1.0, "tried again");
     assert_eq!(r["state"], "pending");
     assert_eq!(
         r["conditions"], waiting["conditions"],
@@ -1141,20 +1142,12 @@ async fn a_reservation_still_waiting_for_the_same_reason_keeps_its_conditions_si
     w.set_pool_nodes(&["n1", "n2"]).await;
     w.server.set_clock(T0 + 60_000).await;
     let (_, r) = w.get(&waiting["id"]).await;
-    assert_eq!(pending_retries(&w).await - before, 2.0, "tried again");
+    assert_eq!(retries().await, 2.0, "tried again");
     assert_ne!(
         r["conditions"][0]["message"],
         waiting["conditions"][0]["message"]
     );
     assert_eq!(since(&r), Some(T0 + 60_000), "{r}");
-}
-
-/// How many pending reservations the server has tried to place again.
-async fn pending_retries(w: &World) -> f64 {
-    let (_, text) = w.server.anonymous().get("/metrics").await;
-    (text.as_str().unwrap().lines())
-        .find_map(|l| l.strip_prefix("orl_pending_retries_total ")?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 async fn renew_moves_the_lease_and_a_lapsed_lease_releases(db: Db) {

@@ -315,6 +315,15 @@ impl Server {
     }
 
     /// Moves the server's manual clock to `ms`.
+    /// How many pending reservations this server has tried to place again
+    /// (`orl_pending_retries_total`).
+    pub async fn pending_retries(&self) -> f64 {
+        let (_, text) = self.anonymous().get("/metrics").await;
+        (text.as_str().unwrap().lines())
+            .find_map(|l| l.strip_prefix("orl_pending_retries_total ")?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     pub async fn set_clock(&self, ms: i64) {
         let (status, body) = self.admin().post("/v1/clock", json!({ "nowMs": ms })).await;
         assert_eq!(status, StatusCode::OK, "{body}");

@@ -16,6 +16,7 @@ on_both_databases!(
     an_unconfirmed_request_expires_thirty_minutes_after_it_was_made_and_not_before,
     the_reconcilers_lag_is_how_long_the_oldest_move_it_finds_due_has_waited,
     a_reservation_ending_hands_its_units_to_one_waiting_before_its_next_retry,
+    freed_units_wake_the_waiting_they_could_serve_and_due_ones_anyway,
 );
 
 /// Every audit entry the ops admin can see, newest first: (action, objectId).
@@ -251,6 +252,38 @@ async fn a_reservation_ending_hands_its_units_to_one_waiting_before_its_next_ret
     // Its next attempt is due 30 s after its refusal, 20 s after the first one ends.
     server.set_clock(T0 + 2 * HOUR).await;
     assert_eq!(f.get(&first["id"]).await["state"], "expired");
+    let placed = f.get(&waiting["id"]).await;
+    assert_eq!(placed["state"], "placed", "{placed}");
+}
+
+/// Units freed wake a pool's waiting reservations that a node they were freed on now has
+/// room for; one asking for more waits for its next attempt, and one due for its attempt
+/// in the same pass is tried whether or not it fits.
+async fn freed_units_wake_the_waiting_they_could_serve_and_due_ones_anyway(db: Db) {
+    let f = fleet(db, 1, 64, json!({})).await;
+    let server = &f.servers[0];
+    let first = f.create(0, f.ask("first", 4, None)).await;
+    let later = f.create(0, f.ask("later", 4, Some(T0 + HOUR))).await;
+    server.set_clock(T0 + 2 * HOUR - 10_000).await;
+    let waiting = f.create(0, f.ask("waiting", 8, None)).await;
+    assert_eq!(waiting["state"], "pending", "{waiting}");
+    // The first ends in the pass its next attempt is due in: tried, and four units do not
+    // take eight.
+    let before = server.pending_retries().await;
+    let retries = || async { server.pending_retries().await - before };
+    server.set_clock(T0 + 2 * HOUR + 20_000).await;
+    assert_eq!(f.get(&first["id"]).await["state"], "expired");
+    assert_eq!(retries().await, 1.0, "due: tried");
+    assert_eq!(f.get(&waiting["id"]).await["state"], "pending");
+    // Four units freed again, before its next attempt: not tried.
+    let other = f.create(0, f.ask("other", 4, None)).await;
+    assert_eq!(other["state"], "placed", "{other}");
+    f.release(0, &other["id"]).await;
+    assert_eq!(retries().await, 1.0, "four free: not tried");
+    assert_eq!(f.get(&waiting["id"]).await["state"], "pending");
+    // Eight free: tried at once, and placed.
+    f.release(0, &later["id"]).await;
+    assert_eq!(retries().await, 2.0, "eight free: tried");
     let placed = f.get(&waiting["id"]).await;
     assert_eq!(placed["state"], "placed", "{placed}");
 }
