@@ -12,6 +12,7 @@ use crate::support::{
 on_both_databases!(
     a_0_1_plugin_and_a_0_2_plugin_place_side_by_side,
     a_0_2_placer_sees_each_nodes_name_region_and_labels,
+    a_placer_that_refuses_the_nodes_offered_first_is_offered_the_whole_pool,
 );
 
 /// Pools `a` (nodes `a1`, `a2`) and `b` (`b1`, `b2`), each of two 8-GPU nodes, offered to
@@ -144,4 +145,35 @@ async fn a_0_2_placer_sees_each_nodes_name_region_and_labels(db: Db) {
         ),
         "{waiting}"
     );
+}
+
+/// A decision on a pool of more than 256 nodes is offered 256 of them first: a placer that
+/// refuses those is then offered every node, and places where it wants to.
+async fn a_placer_that_refuses_the_nodes_offered_first_is_offered_the_whole_pool(db: Db) {
+    let server = Server::start(db).await;
+    let provider = server.org_with_key("acme", "provider").await;
+    let nodes: Vec<String> = (0..300).map(|n| format!("n{n:03}")).collect();
+    let (last, rest) = nodes.split_last().unwrap();
+    for node in rest {
+        register_node(&provider, "acme", node, 8).await;
+    }
+    label(&provider, last, json!({ "prefer": "yes" })).await;
+    let tenant = server.org_with_key("tenant-a", "member").await;
+    let members: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let pool = pools_for_tenant_a(&server, &[&members]).await.remove(0);
+    let p = Pools {
+        server,
+        provider,
+        tenant,
+        a: pool.clone(),
+        b: pool,
+    };
+    let plugin = p.upload("place_by_label.wasm").await;
+    p.assign(&p.a, &plugin).await;
+    for key in ["first", "second"] {
+        let r = p.create(&p.a, key).await;
+        assert_eq!(r["state"], "placed", "{r}");
+        assert_eq!(r["placement"]["nodeId"], last.as_str(), "{r}");
+        assert_eq!(r["placement"]["placedBy"], plugin["id"], "{r}");
+    }
 }
