@@ -183,6 +183,7 @@ on_both_databases!(
     a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_take_them,
     a_retry_decided_before_its_node_shrank_does_not_overbook_its_cpus,
     a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left,
+    a_create_that_loses_its_decision_on_every_attempt_waits_and_its_retry_places_it,
     a_node_binding_books_the_whole_node,
     creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once,
     creates_racing_with_one_key_on_every_replica_answer_one_reservation,
@@ -630,13 +631,15 @@ struct RetryGate {
 
 impl RetryGate {
     async fn start(db: Db) -> RetryGate {
+        RetryGate::on(db, "ORL_TEST_RETRY_GATE").await
+    }
+
+    /// The server with the gate `var` (see `booking::gate`) at `open` in a directory of
+    /// its own.
+    async fn on(db: Db, var: &str) -> RetryGate {
         let gates = tempfile::tempdir().unwrap();
         let gate = gates.path().join("open").display().to_string();
-        let server = Server::start_with(
-            db,
-            fleet_options(vec![("ORL_TEST_RETRY_GATE".into(), gate)]),
-        )
-        .await;
+        let server = Server::start_with(db, fleet_options(vec![(var.into(), gate)])).await;
         server.org_with_key("tenant-b", "member").await;
         let f = fleet_on(server, 1, 64, json!({})).await;
         RetryGate { f, gates }
@@ -654,7 +657,12 @@ impl RetryGate {
 
     /// Waits until a retry is held at the gate.
     async fn reached(&self) {
-        let reached = self.gates.path().join("open.reached");
+        self.reached_at("open.reached").await;
+    }
+
+    /// Waits until the file `reached` of the gate's directory exists.
+    async fn reached_at(&self, reached: &str) {
+        let reached = self.gates.path().join(reached);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         while !reached.exists() {
             assert!(
@@ -747,6 +755,35 @@ async fn a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left(db
         "{after}"
     );
     assert_eq!(after["conditions"], json!([]), "no longer unschedulable");
+}
+
+/// A create whose decision loses on each of its three placement attempts (a node
+/// reservation claims the unit each decided on, before its write) waits as `pending`,
+/// with nothing booked, and its retry places it on what the node has left.
+async fn a_create_that_loses_its_decision_on_every_attempt_waits_and_its_retry_places_it(db: Db) {
+    let g = RetryGate::on(db, "ORL_TEST_CREATE_GATE").await;
+    let (tenant, ask) = (g.f.tenant(0), g.f.ask("contested", 1, None));
+    let create = tokio::spawn(async move { rpc(&tenant, "create", ask).await });
+    // The placer takes the lowest free unit: each attempt decided on the first of these.
+    for (attempt, units) in [0..2, 2..4, 4..6].into_iter().enumerate() {
+        g.reached_at(&format!("open.{attempt}.reached")).await;
+        g.claim_for_another_org(units).await;
+        std::fs::write(g.gates.path().join(format!("open.{attempt}")), b"").unwrap();
+    }
+    let (status, r) = create.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!(r["state"], "pending", "{r}");
+    let why = r["conditions"][0]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("booked concurrently"), "{r}");
+    assert_eq!(g.booked(&r["id"]).await, 0);
+    g.f.servers[0].set_clock(T0 + 30_000).await;
+    let placed = g.f.get(&r["id"]).await;
+    assert_eq!(placed["state"], "placed", "{placed}");
+    assert_eq!(
+        placed["placement"]["unitIds"],
+        json!(["n1-gpu6"]),
+        "{placed}"
+    );
 }
 
 /// A pending reservation's retry that decided on a node whose provider then reported fewer

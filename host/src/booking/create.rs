@@ -643,6 +643,8 @@ async fn charge_and_place(
     for attempt in 0..place::PLACE_ATTEMPTS {
         // Held in the view until the placement commits (or not).
         let (decided, _assumed) = place::decide(app, (pool, at), &r).await?;
+        #[cfg(debug_assertions)]
+        super::gate::hold_attempt("ORL_TEST_CREATE_GATE", attempt).await;
         let mut writer = writer_for(app, &decided).await?;
         let write = write_placement(app, &mut writer, &placing, &terms, &mut r, decided, attempt);
         match write.await {

@@ -10,13 +10,28 @@
 //! - `ORL_TEST_END_GATE`: a terminal move (release, cancel, expiry) whose guarded update
 //!   matched, before its effects (the refund, the bookings' end, the event);
 //! - `ORL_TEST_RETRY_GATE`: a pending reservation's retry that decided on the capacity
-//!   view, before its write transaction.
+//!   view, before its write transaction;
+//! - `ORL_TEST_CREATE_GATE`: each placement attempt of a create that decided on the
+//!   capacity view, before its writes, one file per attempt ([`hold_attempt`]).
+
+use std::path::PathBuf;
 
 pub(crate) async fn hold_at(gate: &str) {
-    let Some(file) = std::env::var_os(gate) else {
-        return;
-    };
-    let file = std::path::PathBuf::from(file);
+    if let Some(file) = std::env::var_os(gate) {
+        hold(PathBuf::from(file)).await;
+    }
+}
+
+/// [`hold_at`] for attempt `attempt` of an operation tried again: held until
+/// `<file>.<attempt>` exists, so that a test can hold every attempt.
+pub(crate) async fn hold_attempt(gate: &str, attempt: u32) {
+    if let Some(mut file) = std::env::var_os(gate) {
+        file.push(format!(".{attempt}"));
+        hold(PathBuf::from(file)).await;
+    }
+}
+
+async fn hold(file: PathBuf) {
     let mut reached = file.clone().into_os_string();
     reached.push(".reached");
     let _ = std::fs::write(reached, b"");
