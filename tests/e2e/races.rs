@@ -622,27 +622,28 @@ async fn a_node_binding_books_the_whole_node(db: Db) {
     invariants::check(&f.servers[0]).await;
 }
 
-/// One server whose pending reservations' retries are held after deciding, before they
-/// write (`ORL_TEST_RETRY_GATE`), until the gate opens.
-struct RetryGate {
+/// One server whose pending reservations' retries (`ORL_TEST_RETRY_GATE`), or creates'
+/// placement attempts (`ORL_TEST_CREATE_GATE`), are held after deciding, before they
+/// write, until the gate opens.
+struct Gated {
     f: Fleet,
     gates: tempfile::TempDir,
 }
 
-impl RetryGate {
-    async fn start(db: Db) -> RetryGate {
-        RetryGate::on(db, "ORL_TEST_RETRY_GATE").await
+impl Gated {
+    async fn start(db: Db) -> Gated {
+        Gated::on(db, "ORL_TEST_RETRY_GATE").await
     }
 
     /// The server with the gate `var` (see `booking::gate`) at `open` in a directory of
     /// its own.
-    async fn on(db: Db, var: &str) -> RetryGate {
+    async fn on(db: Db, var: &str) -> Gated {
         let gates = tempfile::tempdir().unwrap();
         let gate = gates.path().join("open").display().to_string();
         let server = Server::start_with(db, fleet_options(vec![(var.into(), gate)])).await;
         server.org_with_key("tenant-b", "member").await;
         let f = fleet_on(server, 1, 64, json!({})).await;
-        RetryGate { f, gates }
+        Gated { f, gates }
     }
 
     /// Releases `id` in a task of its own: the release wakes the pool, and its answer waits
@@ -688,7 +689,7 @@ impl RetryGate {
 
     /// Fills n1 with `first`, creates `waiting` from `ask` (which then waits), and
     /// releases `first`: the waiting reservation's retry decides on the units freed and is
-    /// held at the gate. Answers the release (see [`RetryGate::open`]) and `waiting`.
+    /// held at the gate. Answers the release (see [`Gated::open`]) and `waiting`.
     async fn hold_a_retry(
         &self,
         ask: Value,
@@ -728,7 +729,7 @@ impl RetryGate {
 /// another org, before its write: the write reads the node's rights again and loses, and
 /// the reservation waits instead of taking units its tenant may not use.
 async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_take_them(db: Db) {
-    let g = RetryGate::start(db).await;
+    let g = Gated::start(db).await;
     let (release, waiting) = g.hold_a_retry(g.f.ask("waiting", 2, None)).await;
     g.claim_for_another_org(0..8).await;
     let after = g.open(release, &waiting).await;
@@ -743,7 +744,7 @@ async fn a_retry_decided_before_a_node_reservation_claimed_its_units_does_not_ta
 /// A pending reservation's retry whose chosen units a node reservation claimed before its
 /// write loses the write, and, in the same pass, decides again on what the node has left.
 async fn a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left(db: Db) {
-    let g = RetryGate::start(db).await;
+    let g = Gated::start(db).await;
     let (release, waiting) = g.hold_a_retry(g.f.ask("waiting", 2, None)).await;
     // The placer takes the lowest free units first: the retry decided on two of these.
     g.claim_for_another_org(0..6).await;
@@ -761,7 +762,7 @@ async fn a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left(db
 /// reservation claims the unit each decided on, before its write) waits as `pending`,
 /// with nothing booked, and its retry places it on what the node has left.
 async fn a_create_that_loses_its_decision_on_every_attempt_waits_and_its_retry_places_it(db: Db) {
-    let g = RetryGate::on(db, "ORL_TEST_CREATE_GATE").await;
+    let g = Gated::on(db, "ORL_TEST_CREATE_GATE").await;
     let (tenant, ask) = (g.f.tenant(0), g.f.ask("contested", 1, None));
     let create = tokio::spawn(async move { rpc(&tenant, "create", ask).await });
     // The placer takes the lowest free unit: each attempt decided on the first of these.
@@ -790,7 +791,7 @@ async fn a_create_that_loses_its_decision_on_every_attempt_waits_and_its_retry_p
 /// host CPUs, before its write: the write reads the node's CPUs again and loses, and the
 /// reservation waits instead of booking more CPUs than the node has.
 async fn a_retry_decided_before_its_node_shrank_does_not_overbook_its_cpus(db: Db) {
-    let g = RetryGate::start(db).await;
+    let g = Gated::start(db).await;
     let f = &g.f;
     let (status, offer) = f.servers[0]
         .admin()
