@@ -184,6 +184,7 @@ on_both_databases!(
     a_retry_decided_before_its_node_shrank_does_not_overbook_its_cpus,
     a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left,
     a_create_that_loses_its_decision_on_every_attempt_waits_and_its_retry_places_it,
+    a_create_that_loses_its_decision_twice_is_placed_by_its_last_attempt,
     a_node_binding_books_the_whole_node,
     creates_racing_for_one_nodes_host_cpus_on_every_replica_book_them_once,
     creates_racing_with_one_key_on_every_replica_answer_one_reservation,
@@ -702,6 +703,25 @@ impl Gated {
         (release, waiting)
     }
 
+    /// Creates `key` (one GPU) with its placement attempts held (`ORL_TEST_CREATE_GATE`):
+    /// while attempt `i` is held, n1's units `claims[i]` are claimed for another org.
+    /// Answers the create's answer.
+    async fn create_losing(&self, key: &str, claims: &[std::ops::Range<usize>]) -> Value {
+        let (tenant, ask) = (self.f.tenant(0), self.f.ask(key, 1, None));
+        let create = tokio::spawn(async move { rpc(&tenant, "create", ask).await });
+        // A create makes three attempts at most.
+        for attempt in 0..(claims.len() + 1).min(3) {
+            self.reached_at(&format!("open.{attempt}.reached")).await;
+            if let Some(units) = claims.get(attempt) {
+                self.claim_for_another_org(units.clone()).await;
+            }
+            std::fs::write(self.gates.path().join(format!("open.{attempt}")), b"").unwrap();
+        }
+        let (status, r) = create.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{r}");
+        r
+    }
+
     /// Claims n1's units `gpus` for `tenant-b` with a node reservation.
     async fn claim_for_another_org(&self, gpus: std::ops::Range<usize>) {
         let units: Vec<String> = gpus.map(|u| format!("n1-gpu{u}")).collect();
@@ -763,16 +783,8 @@ async fn a_retry_that_lost_its_write_decides_again_and_places_on_what_is_left(db
 /// with nothing booked, and its retry places it on what the node has left.
 async fn a_create_that_loses_its_decision_on_every_attempt_waits_and_its_retry_places_it(db: Db) {
     let g = Gated::on(db, "ORL_TEST_CREATE_GATE").await;
-    let (tenant, ask) = (g.f.tenant(0), g.f.ask("contested", 1, None));
-    let create = tokio::spawn(async move { rpc(&tenant, "create", ask).await });
     // The placer takes the lowest free unit: each attempt decided on the first of these.
-    for (attempt, units) in [0..2, 2..4, 4..6].into_iter().enumerate() {
-        g.reached_at(&format!("open.{attempt}.reached")).await;
-        g.claim_for_another_org(units).await;
-        std::fs::write(g.gates.path().join(format!("open.{attempt}")), b"").unwrap();
-    }
-    let (status, r) = create.await.unwrap();
-    assert_eq!(status, StatusCode::OK, "{r}");
+    let r = g.create_losing("contested", &[0..2, 2..4, 4..6]).await;
     assert_eq!(r["state"], "pending", "{r}");
     let why = r["conditions"][0]["message"].as_str().unwrap_or_default();
     assert!(why.contains("booked concurrently"), "{r}");
@@ -785,6 +797,16 @@ async fn a_create_that_loses_its_decision_on_every_attempt_waits_and_its_retry_p
         json!(["n1-gpu6"]),
         "{placed}"
     );
+}
+
+/// A create whose decision loses on its first two placement attempts is placed by its
+/// last, on what the node has left.
+async fn a_create_that_loses_its_decision_twice_is_placed_by_its_last_attempt(db: Db) {
+    let g = Gated::on(db, "ORL_TEST_CREATE_GATE").await;
+    let r = g.create_losing("contested", &[0..2, 2..4]).await;
+    assert_eq!(r["state"], "placed", "{r}");
+    assert_eq!(r["placement"]["unitIds"], json!(["n1-gpu4"]), "{r}");
+    assert_eq!(g.booked(&r["id"]).await, 1);
 }
 
 /// A pending reservation's retry that decided on a node whose provider then reported fewer
