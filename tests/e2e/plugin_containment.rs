@@ -36,15 +36,8 @@ async fn upload_bytes(w: &World, name: &str, bytes: Vec<u8>) -> (StatusCode, Val
 
 /// The server's count of components compiled, from `/metrics`.
 async fn compiles(w: &World) -> u64 {
-    let (_, metrics) = w.server.anonymous().get("/metrics").await;
-    let metrics = metrics.as_str().unwrap().to_string();
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("orl_plugin_compiles_total "))
-        .unwrap_or_else(|| panic!("no orl_plugin_compiles_total in /metrics"))
-        .trim()
-        .parse()
-        .unwrap()
+    let compiles = w.server.metric("orl_plugin_compiles_total").await;
+    compiles.expect("orl_plugin_compiles_total in /metrics") as u64
 }
 
 /// A create on `pool` that a plugin fails: asserts `POLICY_FAILED` of `kind` and answers

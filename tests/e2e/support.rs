@@ -315,13 +315,17 @@ impl Server {
     }
 
     /// Moves the server's manual clock to `ms`.
-    /// How many pending reservations this server has tried to place again
-    /// (`orl_pending_retries_total`).
-    pub async fn pending_retries(&self) -> f64 {
+    /// The value of the unlabelled metric `name` on `/metrics`, if exported.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
         let (_, text) = self.anonymous().get("/metrics").await;
         (text.as_str().unwrap().lines())
-            .find_map(|l| l.strip_prefix("orl_pending_retries_total ")?.parse().ok())
-            .unwrap_or(0.0)
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    /// How many pending reservations this server has tried to place again.
+    pub async fn pending_retries(&self) -> f64 {
+        let retries = self.metric("orl_pending_retries_total").await;
+        retries.unwrap_or(0.0)
     }
 
     pub async fn set_clock(&self, ms: i64) {
