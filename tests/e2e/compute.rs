@@ -1340,12 +1340,11 @@ async fn spend_limit_refuses_what_the_budget_cannot_cover(db: Db) {
         "2 x 2 h x 250 = 1000 fits exactly"
     );
     assert_eq!(w.used_gpus().await, 6);
-    let (_, metrics) = w.server.anonymous().get("/metrics").await;
-    let metrics = metrics.as_str().unwrap();
-    assert!(
-        metrics.lines().any(|l| l.contains("world=\"spend-guard\"")
-            && l.contains("outcome=\"refused\"")
-            && l.ends_with(" 1")),
+    let metrics = w.server.metrics().await;
+    let refused = [("world", "spend-guard"), ("outcome", "refused")];
+    assert_eq!(
+        metrics.sum("orl_policy_decisions_total", &refused),
+        Some(1.0),
         "the built-in spend-guard component decided: {metrics}"
     );
 }
@@ -1395,25 +1394,19 @@ async fn a_failing_spend_guard_fails_the_create_or_falls_back_to_the_built_in(db
         "SPEND_LIMIT_REACHED",
     );
     assert_eq!(w.used_gpus().await, 4);
-    let (_, metrics) = w.server.anonymous().get("/metrics").await;
-    let metrics = metrics.as_str().unwrap();
-    let counted = |needles: &[&str]| {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with("orl_policy_"))
-            .any(|l| needles.iter().all(|n| l.contains(n)))
-    };
+    let metrics = w.server.metrics().await;
     let guard_id = guard["id"].as_str().unwrap();
-    assert!(
-        counted(&["orl_policy_failures_total", guard_id, "kind=\"trap\""]),
+    // It failed the first create and both that fell back.
+    let trapped = [("plugin", guard_id), ("kind", "trap")];
+    assert_eq!(
+        metrics.sum("orl_policy_failures_total", &trapped),
+        Some(3.0),
         "{metrics}"
     );
-    assert!(
-        counted(&[
-            "orl_policy_decisions_total",
-            "name=\"spend-guard-default\"",
-            "outcome=\"refused\""
-        ]),
+    let refused = [("name", "spend-guard-default"), ("outcome", "refused")];
+    assert_eq!(
+        metrics.sum("orl_policy_decisions_total", &refused),
+        Some(1.0),
         "the built-in decided the refusal: {metrics}"
     );
 }

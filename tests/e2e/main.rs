@@ -2,6 +2,7 @@
 //! temporary directory, or a new PostgreSQL database) and drives it over HTTP.
 
 mod call_log;
+mod exposition;
 mod support;
 
 mod audit;

@@ -566,17 +566,11 @@ async fn a_non_spot_create_preempts_the_newest_spot_work_with_the_default_preemp
             .is_some_and(|p| p.starts_with("sha256:")),
         "{preemptions:?}"
     );
-    let (_, metrics) = c
-        .server
-        .anonymous()
-        .raw(Method::GET, "/metrics", None, None)
-        .await;
+    let metrics = c.server.metrics().await;
     assert!(
-        metrics
-            .as_str()
-            .unwrap_or_default()
-            .contains("world=\"preemptor\""),
-        "preemptor decisions are counted"
+        (metrics.sum("orl_policy_decisions_total", &[("world", "preemptor")]))
+            .is_some_and(|n| n >= 1.0),
+        "preemptor decisions are counted: {metrics}"
     );
 }
 

@@ -12,6 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::call_log::CallLog;
+use crate::exposition::Metrics;
 
 /// Runs `$name(Db)` once per database, as `$name::sqlite` and `$name::postgres`.
 macro_rules! on_both_databases {
@@ -314,20 +315,20 @@ impl Server {
         key["key"].as_str().unwrap().to_string()
     }
 
-    /// Moves the server's manual clock to `ms`.
-    /// The value of the unlabelled metric `name` on `/metrics`, if exported.
-    pub async fn metric(&self, name: &str) -> Option<f64> {
-        let (_, text) = self.anonymous().get("/metrics").await;
-        (text.as_str().unwrap().lines())
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    /// Scrapes `/metrics`.
+    pub async fn metrics(&self) -> Metrics {
+        let (status, text) = self.anonymous().get("/metrics").await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        Metrics::parse(text.as_str().unwrap().to_string())
     }
 
     /// How many pending reservations this server has tried to place again.
     pub async fn pending_retries(&self) -> f64 {
-        let retries = self.metric("orl_pending_retries_total").await;
-        retries.unwrap_or(0.0)
+        let metrics = self.metrics().await;
+        metrics.get("orl_pending_retries_total").unwrap_or(0.0)
     }
 
+    /// Moves the server's manual clock to `ms`.
     pub async fn set_clock(&self, ms: i64) {
         let (status, body) = self.admin().post("/v1/clock", json!({ "nowMs": ms })).await;
         assert_eq!(status, StatusCode::OK, "{body}");

@@ -3,6 +3,7 @@ use serde_json::json;
 
 use std::collections::{BTreeSet, HashMap};
 
+use crate::exposition::Metrics;
 use crate::support::{Api, Db, Options, Server, T0, on_both_databases, register_node};
 
 on_both_databases!(
@@ -31,34 +32,22 @@ async fn metrics_count_requests_by_route_and_status(db: Db) {
     register_node(&provider, "acme", "n1", 1).await;
     provider.get("/v1/nodes/missing").await;
     provider.get("/v1/nodes/missing-too").await;
-    let (status, text) = server.anonymous().get("/metrics").await;
-    assert_eq!(status, StatusCode::OK);
-    let text = text.as_str().unwrap();
-    assert!(
-        text.contains(
-            r#"orl_http_requests_total{method="GET",route="/v1/nodes/{nodeId}",status="404"} 2"#
+    let metrics = server.metrics().await;
+    assert_eq!(
+        metrics.get(
+            r#"orl_http_requests_total{method="GET",route="/v1/nodes/{nodeId}",status="404"}"#
         ),
-        "{text}"
+        Some(2.0),
+        "{metrics}"
     );
-    assert!(text.contains(r#"orl_http_request_duration_seconds_count{method="PUT",route="/v1/orgs/{orgId}/provider/nodes/{nodeId}",status="201"} 1"#));
+    assert_eq!(
+        metrics.get(r#"orl_http_request_duration_seconds_count{method="PUT",route="/v1/orgs/{orgId}/provider/nodes/{nodeId}",status="201"}"#),
+        Some(1.0),
+        "{metrics}"
+    );
 }
 
 const MIN: i64 = 60_000;
-
-/// Samples of an exposition: `name{labels}` (as rendered) to value.
-fn samples(text: &str) -> HashMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter_map(|(series, value)| Some((series.to_string(), value.parse().ok()?)))
-        .collect()
-}
-
-async fn scrape(server: &Server) -> String {
-    let (status, text) = server.anonymous().get("/metrics").await;
-    assert_eq!(status, StatusCode::OK);
-    text.as_str().unwrap().to_string()
-}
 
 /// Creates a non-spot reservation of `gpus` GPUs for two hours from now.
 async fn book(api: &Api, pool: &str, tenant: &str, key: &str, gpus: i64) -> serde_json::Value {
@@ -78,7 +67,7 @@ async fn book(api: &Api, pool: &str, tenant: &str, key: &str, gpus: i64) -> serd
 /// gpu0-3 to the spot market; `stranger` booked 8 GPUs (only n2 can hold them) and 1 (on
 /// n1's open gpu6-7), both active, and waits for 2 more (only one unit is left it may use).
 /// Answers the server, the pool id and the metrics scraped at T0 + 7 min.
-async fn loaded_platform(db: Db) -> (Server, String, String) {
+async fn loaded_platform(db: Db) -> (Server, String, Metrics) {
     let server = Server::start(db).await;
     let acme = server.org_with_key("acme", "provider").await;
     for node in ["n1", "n2", "n3"] {
@@ -138,19 +127,16 @@ async fn loaded_platform(db: Db) -> (Server, String, String) {
     assert_eq!(waiting["state"], "pending", "{waiting}");
     // A pass activates the two placed ones and retries the pending one, in vain.
     server.set_clock(T0 + 7 * MIN).await;
-    let text = scrape(&server).await;
-    (server, pool, text)
+    let metrics = server.metrics().await;
+    (server, pool, metrics)
 }
 
 async fn metrics_gauge_each_unit_in_one_state_and_reservations_by_state(db: Db) {
-    let (_server, pool, text) = loaded_platform(db).await;
-    let samples = samples(&text);
+    let (_server, pool, metrics) = loaded_platform(db).await;
     let units = |state: &str| {
-        samples
-            .get(&format!(
-                r#"orl_units{{pool="{pool}",model="H100-SXM5-80GB",class="gpu",state="{state}"}}"#
-            ))
-            .copied()
+        metrics.get(&format!(
+            r#"orl_units{{pool="{pool}",model="H100-SXM5-80GB",class="gpu",state="{state}"}}"#
+        ))
     };
     // n3 lost; n2 booked whole and n1-gpu6 or 7 booked; n1-gpu0-3 released, gpu4-5
     // reserved; the other of gpu6-7 free.
@@ -161,22 +147,19 @@ async fn metrics_gauge_each_unit_in_one_state_and_reservations_by_state(db: Db) 
         ("released", 4.0),
         ("free", 1.0),
     ] {
-        assert_eq!(units(state), Some(expected), "{state}\n{text}");
+        assert_eq!(units(state), Some(expected), "{state}\n{metrics}");
     }
     assert_eq!(
-        samples
-            .keys()
-            .filter(|k| k.starts_with("orl_units{"))
+        (metrics.samples())
+            .filter(|(series, _)| series.starts_with("orl_units{"))
             .count(),
         5,
-        "one series per state: {text}"
+        "one series per state: {metrics}"
     );
     let reservations = |state: &str| {
-        samples
-            .get(&format!(
-                r#"orl_compute_reservations{{pool="{pool}",state="{state}"}}"#
-            ))
-            .copied()
+        metrics.get(&format!(
+            r#"orl_compute_reservations{{pool="{pool}",state="{state}"}}"#
+        ))
     };
     for (state, expected) in [
         ("awaiting-confirmation", 0.0),
@@ -187,65 +170,63 @@ async fn metrics_gauge_each_unit_in_one_state_and_reservations_by_state(db: Db) 
         ("active", 2.0),
         ("releasing", 0.0),
     ] {
-        assert_eq!(reservations(state), Some(expected), "{state}\n{text}");
+        assert_eq!(reservations(state), Some(expected), "{state}\n{metrics}");
     }
     // The pending one was created at T0 + 6 min and scraped at T0 + 7 min.
     assert_eq!(
-        samples.get(&format!(
+        metrics.get(&format!(
             r#"orl_oldest_pending_reservation_age_seconds{{pool="{pool}"}}"#
         )),
-        Some(&60.0),
-        "{text}"
+        Some(60.0),
+        "{metrics}"
     );
-    assert!(samples["orl_events_outbox_position"] > 0.0, "{text}");
-    assert!(samples.contains_key("orl_events_outbox_newest_age_seconds"));
-    assert!(samples["orl_db_pool_max_connections"] >= 1.0, "{text}");
-    let in_use = samples[r#"orl_db_pool_connections{state="in_use"}"#];
-    let idle = samples[r#"orl_db_pool_connections{state="idle"}"#];
-    assert!(
-        in_use + idle <= samples["orl_db_pool_max_connections"],
-        "{text}"
-    );
+    let get =
+        |series: &str| (metrics.get(series)).unwrap_or_else(|| panic!("no {series}: {metrics}"));
+    assert!(get("orl_events_outbox_position") > 0.0, "{metrics}");
+    get("orl_events_outbox_newest_age_seconds");
+    let max = get("orl_db_pool_max_connections");
+    assert!(max >= 1.0, "{metrics}");
+    let in_use = get(r#"orl_db_pool_connections{state="in_use"}"#);
+    let idle = get(r#"orl_db_pool_connections{state="idle"}"#);
+    assert!(in_use + idle <= max, "{metrics}");
     // Two passes ran (one per clock move); the last was a minute behind: the two placed at
     // T0 + 6 min were due to start then (the pending one only since T0 + 6.5 min).
     assert_eq!(
-        samples.get("orl_reconciler_pass_duration_seconds_count"),
-        Some(&2.0),
-        "{text}"
+        metrics.get("orl_reconciler_pass_duration_seconds_count"),
+        Some(2.0),
+        "{metrics}"
     );
     assert_eq!(
-        samples.get("orl_reconciler_lag_seconds"),
-        Some(&60.0),
-        "{text}"
+        metrics.get("orl_reconciler_lag_seconds"),
+        Some(60.0),
+        "{metrics}"
     );
 }
 
 async fn metrics_count_the_write_turn_each_placement_took_and_its_group_commits(db: Db) {
-    let (_server, _pool, text) = loaded_platform(db).await;
-    let samples = samples(&text);
+    let (_server, _pool, metrics) = loaded_platform(db).await;
     // Three creates wrote their placement (two placed, one pending), one after another:
     // each in a group of its own.
     assert_eq!(
-        samples.get("orl_write_turn_writes_total"),
-        Some(&3.0),
-        "{text}"
+        metrics.get("orl_write_turn_writes_total"),
+        Some(3.0),
+        "{metrics}"
     );
     assert_eq!(
-        samples.get("orl_write_group_commits_total"),
-        Some(&3.0),
-        "{text}"
+        metrics.get("orl_write_group_commits_total"),
+        Some(3.0),
+        "{metrics}"
     );
-    let held = samples["orl_write_turn_held_seconds_total"];
-    assert!(held > 0.0 && held < 10.0, "{text}");
+    let held = metrics.get("orl_write_turn_held_seconds_total");
+    assert!(held.is_some_and(|s| s > 0.0 && s < 10.0), "{metrics}");
 }
 
 async fn metrics_time_each_policy_decision_by_plugin_and_world(db: Db) {
-    let (_server, _pool, text) = loaded_platform(db).await;
-    let samples = samples(&text);
+    let (_server, _pool, metrics) = loaded_platform(db).await;
     // Every placer call is timed: the histogram counts as many as the decision counter,
     // per plugin.
     let mut decided: HashMap<&str, f64> = HashMap::new();
-    for (series, value) in &samples {
+    for (series, value) in metrics.samples() {
         if let Some(labels) = series.strip_prefix("orl_policy_decisions_total{")
             && labels.contains(r#"world="placer""#)
         {
@@ -253,27 +234,31 @@ async fn metrics_time_each_policy_decision_by_plugin_and_world(db: Db) {
             *decided.entry(plugin).or_default() += value;
         }
     }
-    assert_eq!(decided.len(), 1, "one placer decided: {text}");
+    assert_eq!(decided.len(), 1, "one placer decided: {metrics}");
     for (plugin, count) in decided {
         assert!(plugin.starts_with("sha256:"), "{plugin}");
         // Two placements, the pending one's first attempt and its retry.
-        assert!(count >= 4.0, "{text}");
+        assert!(count >= 4.0, "{metrics}");
         // The built-in placer: its built-in name and the server's version.
         let labels = format!(
             r#"plugin="{plugin}",name="placer-default",version="{}",world="placer""#,
             env!("CARGO_PKG_VERSION")
         );
         let timed = format!("orl_policy_decision_duration_seconds_count{{{labels}}}");
-        assert_eq!(samples.get(&timed), Some(&count), "{text}");
+        assert_eq!(metrics.get(&timed), Some(count), "{metrics}");
         let inf = format!(r#"orl_policy_decision_duration_seconds_bucket{{le="+Inf",{labels}}}"#);
-        assert_eq!(samples.get(&inf), Some(&count), "{text}");
+        assert_eq!(metrics.get(&inf), Some(count), "{metrics}");
     }
     // No plugin failed; the failure counter is declared all the same.
     assert!(
-        text.contains("# TYPE orl_policy_failures counter"),
-        "{text}"
+        (metrics.text().lines()).any(|l| l == "# TYPE orl_policy_failures counter"),
+        "{metrics}"
     );
-    assert!(!text.contains("orl_policy_failures_total{"), "{text}");
+    assert_eq!(
+        metrics.sum("orl_policy_failures_total", &[]),
+        None,
+        "{metrics}"
+    );
 }
 
 /// The metric names an expression reads: identifiers starting `orl_`.
@@ -321,11 +306,11 @@ async fn alert_rules_and_dashboard_name_only_metrics_the_server_exports(db: Db) 
     }
     assert!(rules.contains("up{job=\"orl\"} == 0"));
 
-    let (_server, _pool, text) = loaded_platform(db).await;
+    let (_server, _pool, metrics) = loaded_platform(db).await;
     // What the server exports: each sample's name, and each declared family (a counter
     // that has not counted yet has no sample) with the suffixes its samples take.
     let mut exported: BTreeSet<String> = BTreeSet::new();
-    for line in text.lines() {
+    for line in metrics.text().lines() {
         if let Some(family) = line
             .strip_prefix("# TYPE ")
             .and_then(|t| t.split(' ').next())
@@ -524,7 +509,7 @@ fn banner_value(banner: &str, label: &str) -> String {
 }
 
 async fn status_names_the_database_the_replicas_seen_and_each_plugins_decisions(db: Db) {
-    let (server, _pool, text) = loaded_platform(db).await;
+    let (server, _pool, metrics) = loaded_platform(db).await;
     let (code, status) = server.admin().get("/v1/status").await;
     assert_eq!(code, StatusCode::OK, "{status}");
     assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
@@ -543,14 +528,8 @@ async fn status_names_the_database_the_replicas_seen_and_each_plugins_decisions(
     assert_eq!(ids(&status), vec![me.clone()], "{status}");
     assert_eq!(status["replicas"][0]["version"], env!("CARGO_PKG_VERSION"));
     // The placer's decisions, as the metrics count them, and no failure.
-    let decided: f64 = samples(&text)
-        .iter()
-        .filter(|(series, _)| {
-            series.starts_with("orl_policy_decisions_total{")
-                && series.contains(r#"world="placer""#)
-        })
-        .map(|(_, v)| v)
-        .sum();
+    let decided = (metrics.sum("orl_policy_decisions_total", &[("world", "placer")]))
+        .expect("placer decisions counted");
     let plugins = status["plugins"].as_array().unwrap();
     let placer: Vec<_> = plugins.iter().filter(|p| p["world"] == "placer").collect();
     assert_eq!(placer.len(), 1, "{status}");
@@ -562,7 +541,7 @@ async fn status_names_the_database_the_replicas_seen_and_each_plugins_decisions(
     );
     assert!(
         placer[0]["decisions"].as_f64().unwrap() >= decided,
-        "{status} {text}"
+        "{status} {metrics}"
     );
     assert_eq!(placer[0]["failures"], 0, "{status}");
     assert!(status["reconciler"]["lagSeconds"].is_number(), "{status}");
