@@ -163,6 +163,8 @@ on_both_databases!(
     a_managing_org_reaches_only_released_units_of_reservations_it_manages_in_term,
     a_non_spot_create_preempts_the_newest_spot_work_with_the_default_preemptor,
     a_custom_preemptor_plugin_chooses_the_victims,
+    a_preemptor_that_fails_or_names_what_it_was_not_offered_terminates_nothing,
+    a_preemptor_that_terminates_nothing_leaves_the_create_waiting,
     spot_requests_never_preempt_and_non_spot_work_is_never_preempted,
     sixteen_concurrent_non_spot_creates_preempt_each_spot_booking_once,
     what_a_preemption_frees_beyond_its_need_goes_to_waiting_reservations_at_once,
@@ -499,6 +501,44 @@ impl Contest {
         gpus_used(&self.server, &self.pool, tenant).await
     }
 
+    /// Uploads the test component `file` (a preemptor) and has the pool's preemption
+    /// decided by it, with `onPolicyFailure` as `on_failure`. Answers the plugin.
+    async fn preempt_with(&self, file: &str, on_failure: &str) -> Value {
+        let admin = self.server.admin();
+        let (status, plugin) = admin
+            .raw(
+                Method::POST,
+                &format!("/v1/plugins?name={}&version=1.0.0", file.replace('_', "-")),
+                Some(std::fs::read(component(&format!("{file}.wasm"))).unwrap()),
+                Some("application/wasm"),
+            )
+            .await;
+        assert!(status.is_success(), "{plugin}");
+        assert_eq!(plugin["world"], "preemptor");
+        let (status, body) = admin
+            .put(
+                &format!("/v1/pools/{}/policies", self.pool),
+                json!({ "preemption": plugin["id"], "onPolicyFailure": on_failure }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        plugin
+    }
+
+    /// A non-spot create of 4 GPUs (one NVLink domain) by `buyer` for `duration`.
+    async fn buy(&self, key: &str, duration: &str) -> (StatusCode, Value) {
+        let body = json!({ "tenantId": "buyer", "poolId": self.pool, "devices": [{ "class": "gpu", "count": 4, "topology": "nvlink-all" }],
+                           "duration": duration, "spot": false, "idempotencyKey": key });
+        self.buyer
+            .post("/api/compute/reservations/create", body)
+            .await
+    }
+
+    /// `spotter`'s reservations `jobs` as they are now.
+    async fn spot_now(&self, [a, b]: [&Value; 2]) -> [Value; 2] {
+        [self.get("spotter", a).await, self.get("spotter", b).await]
+    }
+
     /// The audit entries of preemptions, oldest first.
     async fn preemptions(&self) -> Vec<Value> {
         let (_, audit) = self.server.admin().get("/v1/audit?limit=200").await;
@@ -566,35 +606,19 @@ async fn a_non_spot_create_preempts_the_newest_spot_work_with_the_default_preemp
             .is_some_and(|p| p.starts_with("sha256:")),
         "{preemptions:?}"
     );
+    // The preemptor decided twice (the plan, the create), each time on a victim.
     let metrics = c.server.metrics().await;
-    assert!(
-        (metrics.sum("orl_policy_decisions_total", &[("world", "preemptor")]))
-            .is_some_and(|n| n >= 1.0),
-        "preemptor decisions are counted: {metrics}"
-    );
+    let decided = |outcome| {
+        let labels = [("world", "preemptor"), ("outcome", outcome)];
+        metrics.sum("orl_policy_decisions_total", &labels)
+    };
+    assert_eq!(decided("preempted"), Some(2.0), "{metrics}");
+    assert_eq!(decided("nothing"), None, "{metrics}");
 }
 
 async fn a_custom_preemptor_plugin_chooses_the_victims(db: Db) {
     let c = contest(db, 1).await;
-    let bytes = std::fs::read(component("preempt_oldest.wasm")).unwrap();
-    let admin = c.server.admin();
-    let (status, plugin) = admin
-        .raw(
-            Method::POST,
-            "/v1/plugins?name=preempt-oldest&version=1.0.0",
-            Some(bytes),
-            Some("application/wasm"),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{plugin}");
-    assert_eq!(plugin["world"], "preemptor");
-    let (status, body) = admin
-        .put(
-            &format!("/v1/pools/{}/policies", c.pool),
-            json!({ "preemption": plugin["id"] }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let plugin = c.preempt_with("preempt_oldest", "fail").await;
     let (older, newer) = c.two_spot_jobs().await;
 
     let r = c.create("buyer", "job", 4, false).await;
@@ -607,6 +631,65 @@ async fn a_custom_preemptor_plugin_chooses_the_victims(db: Db) {
         c.preemptions().await[0]["details"]["decidedBy"],
         plugin["id"]
     );
+}
+
+/// A preemptor that fails (a trap), or answers spot work it was not offered (an id past
+/// the last, or one twice), fails the create with `POLICY_FAILED` and terminates nothing;
+/// with `onPolicyFailure: fallback` the built-in preemptor chooses instead.
+async fn a_preemptor_that_fails_or_names_what_it_was_not_offered_terminates_nothing(db: Db) {
+    let c = contest(db, 1).await;
+    let (older, newer) = c.two_spot_jobs().await;
+    let before = c.spot_now([&older, &newer]).await;
+    let plugin = c.preempt_with("preempt_hostile", "fail").await;
+    for (duration, kind) in [
+        ("1h", "trap"),
+        ("2h", "invalid-answer"),
+        ("3h", "invalid-answer"),
+    ] {
+        let (status, err) = c.buy(&format!("job-{duration}"), duration).await;
+        assert_error(status, &err, StatusCode::BAD_GATEWAY, "POLICY_FAILED");
+        assert_eq!(err["error"]["details"]["kind"], kind, "{duration}: {err}");
+        assert_eq!(err["error"]["details"]["pluginId"], plugin["id"], "{err}");
+    }
+    let after = c.spot_now([&older, &newer]).await;
+    assert_eq!(after, before, "the spot work is left as it was");
+    assert!(c.preemptions().await.is_empty());
+    assert_eq!(c.used("buyer").await, 0);
+
+    c.preempt_with("preempt_hostile", "fallback").await;
+    let (status, r) = c.buy("job-fallback", "1h").await;
+    assert_eq!(
+        (status, &r["state"]),
+        (StatusCode::OK, &json!("placed")),
+        "{r}"
+    );
+    assert_eq!(r["placement"]["unitIds"], newer["placement"]["unitIds"]);
+    assert_eq!(c.get("spotter", &newer).await["reason"], "preempted");
+    assert_eq!(c.get("spotter", &older).await, before[0]);
+}
+
+/// A preemptor that answers nothing to terminate, where only terminating spot work would
+/// make room, leaves the create waiting, and is counted as deciding `nothing`.
+async fn a_preemptor_that_terminates_nothing_leaves_the_create_waiting(db: Db) {
+    let c = contest(db, 1).await;
+    let (older, newer) = c.two_spot_jobs().await;
+    let before = c.spot_now([&older, &newer]).await;
+    c.preempt_with("preempt_hostile", "fail").await;
+    let (status, r) = c.buy("job", "4h").await;
+    assert_eq!(
+        (status, &r["state"]),
+        (StatusCode::OK, &json!("pending")),
+        "{r}"
+    );
+    let after = c.spot_now([&older, &newer]).await;
+    assert_eq!(after, before, "the spot work is left as it was");
+    let metrics = c.server.metrics().await;
+    let decided = |outcome| {
+        let labels = [("world", "preemptor"), ("outcome", outcome)];
+        metrics.sum("orl_policy_decisions_total", &labels)
+    };
+    assert_eq!(decided("nothing"), Some(1.0), "{metrics}");
+    assert_eq!(decided("preempted"), None, "{metrics}");
 }
 
 async fn spot_requests_never_preempt_and_non_spot_work_is_never_preempted(db: Db) {
