@@ -539,6 +539,13 @@ impl Contest {
         [self.get("spotter", a).await, self.get("spotter", b).await]
     }
 
+    /// How many of the preemptor's decisions `/metrics` counts under `outcome`.
+    async fn preemptor_decided(&self, outcome: &str) -> Option<f64> {
+        let labels = [("world", "preemptor"), ("outcome", outcome)];
+        let metrics = self.server.metrics().await;
+        metrics.sum("orl_policy_decisions_total", &labels)
+    }
+
     /// The audit entries of preemptions, oldest first.
     async fn preemptions(&self) -> Vec<Value> {
         let (_, audit) = self.server.admin().get("/v1/audit?limit=200").await;
@@ -607,13 +614,8 @@ async fn a_non_spot_create_preempts_the_newest_spot_work_with_the_default_preemp
         "{preemptions:?}"
     );
     // The preemptor decided twice (the plan, the create), each time on a victim.
-    let metrics = c.server.metrics().await;
-    let decided = |outcome| {
-        let labels = [("world", "preemptor"), ("outcome", outcome)];
-        metrics.sum("orl_policy_decisions_total", &labels)
-    };
-    assert_eq!(decided("preempted"), Some(2.0), "{metrics}");
-    assert_eq!(decided("nothing"), None, "{metrics}");
+    assert_eq!(c.preemptor_decided("preempted").await, Some(2.0));
+    assert_eq!(c.preemptor_decided("nothing").await, None);
 }
 
 async fn a_custom_preemptor_plugin_chooses_the_victims(db: Db) {
@@ -683,13 +685,8 @@ async fn a_preemptor_that_terminates_nothing_leaves_the_create_waiting(db: Db) {
     );
     let after = c.spot_now([&older, &newer]).await;
     assert_eq!(after, before, "the spot work is left as it was");
-    let metrics = c.server.metrics().await;
-    let decided = |outcome| {
-        let labels = [("world", "preemptor"), ("outcome", outcome)];
-        metrics.sum("orl_policy_decisions_total", &labels)
-    };
-    assert_eq!(decided("nothing"), Some(1.0), "{metrics}");
-    assert_eq!(decided("preempted"), None, "{metrics}");
+    assert_eq!(c.preemptor_decided("nothing").await, Some(1.0));
+    assert_eq!(c.preemptor_decided("preempted").await, None);
 }
 
 async fn spot_requests_never_preempt_and_non_spot_work_is_never_preempted(db: Db) {
