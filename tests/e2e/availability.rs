@@ -107,8 +107,9 @@ on_both_databases!(
     graphql_availability_and_plan_answer_what_the_rpcs_answer,
     a_plan_answers_what_the_create_after_it_does_and_writes_nothing,
     a_plan_reports_the_iam_decision_and_the_quota_that_refuse_a_create,
+    a_plan_by_a_key_that_may_not_create_for_the_tenant_finds_no_pool,
     operators_find_nodes_with_units_free_of_bookings_and_claims_over_a_term,
-    a_plan_in_a_pool_lease_pool_waits_behind_the_queue_as_the_create_does,
+    a_plan_waits_behind_the_queue_as_the_create_does_in_a_pool_lease_pool_only,
     every_slot_found_over_a_random_booking_history_is_booked_at_its_start_and_not_before,
 );
 
@@ -472,6 +473,33 @@ async fn a_plan_answers_what_the_create_after_it_does_and_writes_nothing(db: Db)
     );
 }
 
+async fn a_plan_by_a_key_that_may_not_create_for_the_tenant_finds_no_pool(db: Db) {
+    let w = world(db, 1).await;
+    let rival = w.server.org_with_key("rival", "admin").await;
+    let without = w
+        .server
+        .key_in("tenant-a", json!({ "permissions": ["events.read"] }))
+        .await;
+    let request = w.request("k-plan", 1);
+    for (who, api) in [
+        ("another org's admin", rival),
+        (
+            "a key of the tenant without compute.create",
+            w.server.as_key(&without),
+        ),
+    ] {
+        let (status, err) = api
+            .post("/api/compute/reservations/plan", request.clone())
+            .await;
+        assert_eq!(
+            (status, err["error"]["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("NOT_FOUND")),
+            "{who}: {err}"
+        );
+    }
+    assert_eq!(w.plan(request).await["outcome"], "placed");
+}
+
 async fn a_plan_reports_the_iam_decision_and_the_quota_that_refuse_a_create(db: Db) {
     let w = world(db, 4).await;
     let policy = r#"permit(principal, action == Orl::Action::"compute:reservations:create", resource) when { context.gpuCount <= 16 };"#;
@@ -593,27 +621,38 @@ async fn operators_find_nodes_with_units_free_of_bookings_and_claims_over_a_term
     assert_error(status, &err, StatusCode::NOT_FOUND, "NOT_FOUND");
 }
 
-async fn a_plan_in_a_pool_lease_pool_waits_behind_the_queue_as_the_create_does(db: Db) {
-    let w = world_with(db, 1, json!({ "placer": "pool-lease" }), 32).await;
-    let (_, half) = w
-        .tenant
-        .post("/api/compute/reservations/create", w.request("k-half", 4))
-        .await;
-    assert_eq!(half["state"], "placed", "{half}");
-    // Eight do not fit and queue; one would fit, but nothing jumps the queue.
-    let (_, first) = w
-        .tenant
-        .post("/api/compute/reservations/create", w.request("k-first", 8))
-        .await;
-    assert_eq!(first["state"], "pending", "{first}");
-    let plan = w.plan(w.request("k-small", 1)).await;
-    assert_eq!(plan["outcome"], "queued", "{plan}");
-    let (_, small) = w
-        .tenant
-        .post("/api/compute/reservations/create", w.request("k-small", 1))
-        .await;
-    assert_eq!(small["state"], "pending", "{small}");
-    assert_eq!(small["conditions"][0]["type"], "Queued", "{small}");
+async fn a_plan_waits_behind_the_queue_as_the_create_does_in_a_pool_lease_pool_only(db: Db) {
+    for (policy, queued) in [
+        (json!({ "placer": "pool-lease" }), true),
+        (json!({}), false),
+    ] {
+        let w = world_with(db, 1, policy.clone(), 32).await;
+        let (_, half) = w
+            .tenant
+            .post("/api/compute/reservations/create", w.request("k-half", 4))
+            .await;
+        assert_eq!(half["state"], "placed", "{half}");
+        // Eight do not fit and wait; one would fit, but in a pool-lease pool nothing jumps
+        // the queue.
+        let (_, first) = w
+            .tenant
+            .post("/api/compute/reservations/create", w.request("k-first", 8))
+            .await;
+        assert_eq!(first["state"], "pending", "{first}");
+        let plan = w.plan(w.request("k-small", 1)).await;
+        let (_, small) = w
+            .tenant
+            .post("/api/compute/reservations/create", w.request("k-small", 1))
+            .await;
+        if queued {
+            assert_eq!(plan["outcome"], "queued", "{policy}: {plan}");
+            assert_eq!(small["state"], "pending", "{small}");
+            assert_eq!(small["conditions"][0]["type"], "Queued", "{small}");
+        } else {
+            assert_eq!(plan["outcome"], "placed", "{policy}: {plan}");
+            assert_eq!(small["state"], "placed", "{small}");
+        }
+    }
 }
 
 /// Random bookings over two days on five nodes, then searches for single nodes of 1, 2,

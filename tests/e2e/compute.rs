@@ -1327,6 +1327,18 @@ async fn spend_limit_refuses_what_the_budget_cannot_cover(db: Db) {
         .await;
     // 4 GPUs x 2 h x 250 = 2000 of 3000.
     assert_eq!(w.create(w.ask("k-1", 4)).await["state"], "placed");
+    // A plan answers what each create after it does.
+    for (key, gpus, outcome, admits) in [
+        ("k-2", 4, "SPEND_LIMIT_REACHED", false),
+        ("k-3", 2, "placed", true),
+    ] {
+        let (status, plan) = rpc(&w.tenant, "plan", w.ask(key, gpus)).await;
+        assert_eq!(
+            (status, plan["outcome"].as_str(), &plan["budget"]["admits"]),
+            (StatusCode::OK, Some(outcome), &json!(admits)),
+            "{plan}"
+        );
+    }
     let (status, err) = rpc(&w.tenant, "create", w.ask("k-2", 4)).await;
     assert_error(
         status,
@@ -1344,8 +1356,8 @@ async fn spend_limit_refuses_what_the_budget_cannot_cover(db: Db) {
     let refused = [("world", "spend-guard"), ("outcome", "refused")];
     assert_eq!(
         metrics.sum("orl_policy_decisions_total", &refused),
-        Some(1.0),
-        "the built-in spend-guard component decided: {metrics}"
+        Some(2.0),
+        "the built-in spend-guard component decided (the plan, then the create): {metrics}"
     );
 }
 
