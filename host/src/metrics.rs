@@ -296,6 +296,7 @@ pub struct WriteTurn {
     pub held: Counter<f64, AtomicU64>,
     pub writes: Counter,
     pub commits: Counter,
+    pub waiting: Gauge,
 }
 
 /// The server's metrics and the registry that renders them.
@@ -467,6 +468,11 @@ impl Metrics {
             "write_group_commits",
             "Commits of the replica's group commit (orl_write_turn_writes_total divided by this: the writes one commit takes)",
             write_turn.commits.clone(),
+        );
+        registry.register(
+            "write_turn_waiting",
+            "Writes waiting now for the replica's write turn (the queue behind the write that holds it)",
+            write_turn.waiting.clone(),
         );
         Metrics {
             write_turn,

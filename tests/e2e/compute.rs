@@ -160,6 +160,7 @@ on_both_databases!(
     an_extend_reaches_366_days_from_the_start_and_no_further,
     concurrent_extends_are_refused_while_one_is_in_flight,
     a_claim_left_by_an_extend_that_never_finished_holds_others_off_ten_seconds_and_says_how_long,
+    a_release_whose_client_goes_away_mid_write_changes_nothing_and_lets_the_writer_go,
     a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before,
     pending_reservations_of_a_pool_are_retried_together_oldest_first_and_what_still_waits_waits_thirty_seconds_more,
     a_reservation_still_waiting_for_the_same_reason_keeps_its_conditions_since,
@@ -1048,6 +1049,134 @@ async fn a_release_that_deadlocks_three_times_answers_conflict_and_changes_nothi
     let (status, released) = held.w.call("release", &json!(held.id)).await;
     assert_eq!(status, StatusCode::OK, "{released}");
     assert_eq!(held.w.used_gpus().await, 0, "refunded once");
+}
+
+/// A release whose client goes away while it writes (held at its gate, its guarded update
+/// made) is dropped with the request: its writes are rolled back, the writer it held is let
+/// go (on SQLite the one writer's turn, in the group commit; on PostgreSQL its own
+/// transaction), and the reservation stays as it was, for a later release.
+async fn a_release_whose_client_goes_away_mid_write_changes_nothing_and_lets_the_writer_go(db: Db) {
+    let Gated { w, gates, gate } = gated_world(db, "ORL_TEST_END_GATE").await;
+    let id = w.create(w.ask("k-1", 2)).await["id"].clone();
+    let (tenant, body) = (
+        w.tenant.clone(),
+        json!({ "tenantId": "tenant-a", "reservationId": id }),
+    );
+    let release = tokio::spawn(async move { rpc(&tenant, "release", body).await });
+    let reached = gates.path().join("open.reached");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !reached.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the release never reached its gate"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The client goes away: its connection closes while the release is held.
+    release.abort();
+    assert!(release.await.unwrap_err().is_cancelled());
+    let mut other = w.server.database().await;
+    while holds_writes(db, &mut other, id.as_str().unwrap()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dropped release still holds its writes"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    std::fs::write(&gate, b"").unwrap();
+    let (_, r) = w.get(&id).await;
+    assert_eq!(r["state"], "placed", "rolled back: {r}");
+    assert_eq!(w.used_gpus().await, 2, "nothing refunded");
+    // The writer goes on: a create is placed, and the release asked again releases.
+    assert_eq!(w.create(w.ask("k-2", 1)).await["state"], "placed");
+    let (status, released) = w.call("release", &id).await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    assert_eq!(released["state"], "released", "{released}");
+    assert_eq!(w.used_gpus().await, 1, "refunded once");
+}
+
+/// Writes that wait for the turn while one holds it join its group and commit with it, in
+/// one commit: a release held in the turn, three creates waiting behind it. SQLite only:
+/// there a release writes in the group commit; on PostgreSQL it commits alone, and nothing
+/// a test can hold holds the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_waiting_for_the_turn_commit_with_the_group_that_holds_it() {
+    let Gated { w, gates, gate } = gated_world(Db::Sqlite, "ORL_TEST_END_GATE").await;
+    let id = w.create(w.ask("k-1", 2)).await["id"].clone();
+    let counts = |m: &crate::exposition::Metrics| {
+        let get = |name: &str| m.get(name).unwrap_or_else(|| panic!("{name}: {m}"));
+        (
+            get("orl_write_turn_writes_total"),
+            get("orl_write_group_commits_total"),
+        )
+    };
+    let before = counts(&w.server.metrics().await);
+    let release = w.call("release", &id);
+    let writes = async {
+        let reached = gates.path().join("open.reached");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !reached.exists() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the release never reached its gate"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let creates =
+            futures::future::join_all((2..5).map(|n| w.create(w.ask(&format!("k-{n}"), 1))));
+        let opened = async {
+            // Every create waits for the turn before the release lets it go.
+            while w.server.metrics().await.get("orl_write_turn_waiting") != Some(3.0) {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the creates never waited for the turn"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            std::fs::write(&gate, b"").unwrap();
+        };
+        futures::future::join(creates, opened).await.0
+    };
+    let ((status, released), created) = futures::future::join(release, writes).await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    assert!(
+        created.iter().all(|r| r["state"] == "placed"),
+        "{created:?}"
+    );
+    let after = counts(&w.server.metrics().await);
+    assert_eq!(
+        w.server.metrics().await.get("orl_write_turn_waiting"),
+        Some(0.0)
+    );
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (4.0, 1.0),
+        "four writes, one commit"
+    );
+}
+
+/// Whether a transaction still holds writes to reservation `id`: its row's lock
+/// (PostgreSQL) or the database's (SQLite).
+async fn holds_writes(db: Db, conn: &mut sqlx::AnyConnection, id: &str) -> bool {
+    match db {
+        Db::Postgres => {
+            sqlx::query("SELECT id FROM compute_reservations WHERE id = $1 FOR UPDATE NOWAIT")
+                .bind(id)
+                .execute(conn)
+                .await
+                .is_err()
+        }
+        Db::Sqlite => {
+            let held = sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut *conn)
+                .await
+                .is_err();
+            if !held {
+                sqlx::query("ROLLBACK").execute(conn).await.unwrap();
+            }
+            held
+        }
+    }
 }
 
 async fn a_pending_reservation_is_retried_thirty_seconds_after_its_refusal_and_not_before(db: Db) {

@@ -219,6 +219,12 @@ async fn metrics_count_the_write_turn_each_placement_took_and_its_group_commits(
     );
     let held = metrics.get("orl_write_turn_held_seconds_total");
     assert!(held.is_some_and(|s| s > 0.0 && s < 10.0), "{metrics}");
+    // Nothing waits for the turn once every write answered.
+    assert_eq!(
+        metrics.get("orl_write_turn_waiting"),
+        Some(0.0),
+        "{metrics}"
+    );
 }
 
 async fn metrics_time_each_policy_decision_by_plugin_and_world(db: Db) {

@@ -23,7 +23,8 @@
 //!
 //! The turn is the replica's write throughput: `orl_write_turn_held_seconds_total` counts
 //! how long members held it, `orl_write_turn_writes_total` and
-//! `orl_write_group_commits_total` how many took it and how many commits they made.
+//! `orl_write_group_commits_total` how many took it and how many commits they made, and
+//! `orl_write_turn_waiting` how many wait for it now.
 //!
 //! The commit runs in a task of its own: a create whose client goes away while the group
 //! commits cancels nothing. A member that goes away before it is done is rolled back to its
@@ -98,6 +99,7 @@ struct Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
+        self.group.0.turn.waiting.dec();
         let last = self.group.0.waiting.fetch_sub(1, Ordering::AcqRel) == 1;
         if last && !self.joined {
             let group = self.group.clone();
@@ -123,6 +125,7 @@ impl Group {
     /// the member's savepoint.
     pub(crate) async fn join(&self, store: &Store) -> Result<Member> {
         self.0.waiting.fetch_add(1, Ordering::AcqRel);
+        self.0.turn.waiting.inc();
         let mut waiting = Waiting {
             group: self.clone(),
             joined: false,
