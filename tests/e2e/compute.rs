@@ -808,7 +808,7 @@ struct Gated {
     gate: std::path::PathBuf,
 }
 
-async fn gated_world(db: Db, var: &str) -> Gated {
+async fn gated_world(db: Db, var: &str, nodes: usize) -> Gated {
     let gates = tempfile::tempdir().unwrap();
     let gate = gates.path().join("open");
     let options = Options {
@@ -816,7 +816,7 @@ async fn gated_world(db: Db, var: &str) -> Gated {
         ..Options::default()
     };
     let server = Server::start_with(db, options).await;
-    let w = world_on(server, 1, json!({ "gpu": 64 }), json!({})).await;
+    let w = world_on(server, nodes, json!({ "gpu": 64 }), json!({})).await;
     Gated { w, gates, gate }
 }
 
@@ -826,7 +826,7 @@ async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
         w,
         gate,
         gates: _gates,
-    } = gated_world(db, "ORL_TEST_EXTEND_GATE").await;
+    } = gated_world(db, "ORL_TEST_EXTEND_GATE", 1).await;
     let r = w.create(w.ask("k-1", 1)).await;
     let id = r["id"].as_str().unwrap().to_string();
     let extend = |key: &str| {
@@ -891,7 +891,7 @@ async fn concurrent_extends_are_refused_while_one_is_in_flight(db: Db) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extend_whose_units_are_booked_after_its_check_answers_until_when_not_500() {
     // The server holds an extend that found nothing in its way until `gate` exists.
-    let Gated { w, gates, gate } = gated_world(Db::Postgres, "ORL_TEST_EXTEND_BOOK_GATE").await;
+    let Gated { w, gates, gate } = gated_world(Db::Postgres, "ORL_TEST_EXTEND_BOOK_GATE", 1).await;
     let held = w.create(w.ask("k-held", 8)).await;
     let end = held["end"].as_i64().expect("end");
     let body = json!({ "tenantId": "tenant-a", "reservationId": held["id"], "by": "1h", "idempotencyKey": "e-1" });
@@ -939,7 +939,7 @@ struct HeldRelease {
 /// its gate. PostgreSQL only: a release there commits alone; on SQLite it writes in the one
 /// writer's turn, where no other transaction holds a lock it could wait for.
 async fn held_release() -> HeldRelease {
-    let Gated { w, gates, gate } = gated_world(Db::Postgres, "ORL_TEST_END_GATE").await;
+    let Gated { w, gates, gate } = gated_world(Db::Postgres, "ORL_TEST_END_GATE", 1).await;
     let r = w.create(w.ask("k-1", 2)).await;
     assert_eq!(w.used_gpus().await, 2);
     let id = r["id"].as_str().unwrap().to_string();
@@ -1056,7 +1056,7 @@ async fn a_release_that_deadlocks_three_times_answers_conflict_and_changes_nothi
 /// go (on SQLite the one writer's turn, in the group commit; on PostgreSQL its own
 /// transaction), and the reservation stays as it was, for a later release.
 async fn a_release_whose_client_goes_away_mid_write_changes_nothing_and_lets_the_writer_go(db: Db) {
-    let Gated { w, gates, gate } = gated_world(db, "ORL_TEST_END_GATE").await;
+    let Gated { w, gates, gate } = gated_world(db, "ORL_TEST_END_GATE", 1).await;
     let id = w.create(w.ask("k-1", 2)).await["id"].clone();
     let (tenant, body) = (
         w.tenant.clone(),
@@ -1095,13 +1095,13 @@ async fn a_release_whose_client_goes_away_mid_write_changes_nothing_and_lets_the
     assert_eq!(w.used_gpus().await, 1, "refunded once");
 }
 
-/// Writes that wait for the turn while one holds it join its group and commit with it, in
-/// one commit: a release held in the turn, three creates waiting behind it. SQLite only:
-/// there a release writes in the group commit; on PostgreSQL it commits alone, and nothing
-/// a test can hold holds the turn.
+/// Writes that wait for the turn while one holds it join its group and commit with it, 16
+/// writes at most to a commit: a release held in the turn, seventeen creates waiting behind
+/// it, make two commits. SQLite only: there a release writes in the group commit; on
+/// PostgreSQL it commits alone, and nothing a test can hold holds the turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_waiting_for_the_turn_commit_with_the_group_that_holds_it() {
-    let Gated { w, gates, gate } = gated_world(Db::Sqlite, "ORL_TEST_END_GATE").await;
+    let Gated { w, gates, gate } = gated_world(Db::Sqlite, "ORL_TEST_END_GATE", 3).await;
     let id = w.create(w.ask("k-1", 2)).await["id"].clone();
     let counts = |m: &crate::exposition::Metrics| {
         let get = |name: &str| m.get(name).unwrap_or_else(|| panic!("{name}: {m}"));
@@ -1123,10 +1123,10 @@ async fn writes_waiting_for_the_turn_commit_with_the_group_that_holds_it() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let creates =
-            futures::future::join_all((2..5).map(|n| w.create(w.ask(&format!("k-{n}"), 1))));
+            futures::future::join_all((0..17).map(|n| w.create(w.ask(&format!("w-{n}"), 1))));
         let opened = async {
             // Every create waits for the turn before the release lets it go.
-            while w.server.metrics().await.get("orl_write_turn_waiting") != Some(3.0) {
+            while w.server.metrics().await.get("orl_write_turn_waiting") != Some(17.0) {
                 assert!(
                     tokio::time::Instant::now() < deadline,
                     "the creates never waited for the turn"
@@ -1150,8 +1150,8 @@ async fn writes_waiting_for_the_turn_commit_with_the_group_that_holds_it() {
     );
     assert_eq!(
         (after.0 - before.0, after.1 - before.1),
-        (4.0, 1.0),
-        "four writes, one commit"
+        (18.0, 2.0),
+        "eighteen writes, two commits"
     );
 }
 
