@@ -252,6 +252,7 @@ on_both_databases!(
     a_failed_report_fails_the_reservation_and_frees_its_devices_and_quota,
     the_agent_protocol_is_scoped_to_the_nodes_owner_and_validated,
     a_released_kubernetes_reservation_holds_its_devices_until_allocation_released,
+    a_kubernetes_reservation_released_before_its_node_binds_it_frees_its_devices_at_once,
     held_devices_past_their_end_are_carried_unbilled_in_five_minute_steps_and_the_node_is_stuck,
     the_carry_of_held_devices_stops_after_24_hours,
     a_booking_made_in_advance_takes_held_devices_at_its_start,
@@ -522,6 +523,25 @@ async fn a_released_kubernetes_reservation_holds_its_devices_until_allocation_re
         "freed devices wake the pool"
     );
     assert!(w.poll("n1").await.is_empty());
+}
+
+/// A kubernetes reservation released before its node bound it holds nothing: its devices
+/// are free at once, and the capacity view, which loads its node again, places a create
+/// there right after.
+async fn a_kubernetes_reservation_released_before_its_node_binds_it_frees_its_devices_at_once(
+    db: Db,
+) {
+    let mut w = world(db, &["n1"], json!({ "kubernetes": true })).await;
+    w.start_agent("n1").await;
+    let r = w.create(w.ask("acme", "k8s-1", "kubernetes")).await;
+    assert_eq!(r["state"], "placed", "{r}");
+    w.advance(T0 + 1000).await;
+    assert_eq!(w.get(&r).await["state"], "binding");
+    let released = w.release(&r).await;
+    assert_eq!(released["state"], "released", "{released}");
+    assert!(condition(&released, "DevicesHeld").is_none(), "{released}");
+    let next = w.create(w.ask("tenant-a", "k-2", "hold")).await;
+    assert_eq!(next["state"], "placed", "the freed node takes it: {next}");
 }
 
 async fn held_devices_past_their_end_are_carried_unbilled_in_five_minute_steps_and_the_node_is_stuck(
