@@ -808,6 +808,21 @@ struct Gated {
     gate: std::path::PathBuf,
 }
 
+impl Gated {
+    /// Waits until an operation is held at the gate.
+    async fn reached(&self) {
+        let reached = self.gates.path().join("open.reached");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !reached.exists() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nothing reached the gate"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
 async fn gated_world(db: Db, var: &str, nodes: usize) -> Gated {
     let gates = tempfile::tempdir().unwrap();
     let gate = gates.path().join("open");
@@ -1056,26 +1071,20 @@ async fn a_release_that_deadlocks_three_times_answers_conflict_and_changes_nothi
 /// go (on SQLite the one writer's turn, in the group commit; on PostgreSQL its own
 /// transaction), and the reservation stays as it was, for a later release.
 async fn a_release_whose_client_goes_away_mid_write_changes_nothing_and_lets_the_writer_go(db: Db) {
-    let Gated { w, gates, gate } = gated_world(db, "ORL_TEST_END_GATE", 1).await;
+    let gated = gated_world(db, "ORL_TEST_END_GATE", 1).await;
+    let (w, gate) = (&gated.w, &gated.gate);
     let id = w.create(w.ask("k-1", 2)).await["id"].clone();
     let (tenant, body) = (
         w.tenant.clone(),
         json!({ "tenantId": "tenant-a", "reservationId": id }),
     );
     let release = tokio::spawn(async move { rpc(&tenant, "release", body).await });
-    let reached = gates.path().join("open.reached");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !reached.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the release never reached its gate"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    gated.reached().await;
     // The client goes away: its connection closes while the release is held.
     release.abort();
     assert!(release.await.unwrap_err().is_cancelled());
     let mut other = w.server.database().await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     while holds_writes(db, &mut other, id.as_str().unwrap()).await {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -1083,7 +1092,7 @@ async fn a_release_whose_client_goes_away_mid_write_changes_nothing_and_lets_the
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    std::fs::write(&gate, b"").unwrap();
+    std::fs::write(gate, b"").unwrap();
     let (_, r) = w.get(&id).await;
     assert_eq!(r["state"], "placed", "rolled back: {r}");
     assert_eq!(w.used_gpus().await, 2, "nothing refunded");
@@ -1101,7 +1110,8 @@ async fn a_release_whose_client_goes_away_mid_write_changes_nothing_and_lets_the
 /// PostgreSQL it commits alone, and nothing a test can hold holds the turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_waiting_for_the_turn_commit_with_the_group_that_holds_it() {
-    let Gated { w, gates, gate } = gated_world(Db::Sqlite, "ORL_TEST_END_GATE", 3).await;
+    let gated = gated_world(Db::Sqlite, "ORL_TEST_END_GATE", 3).await;
+    let (w, gate) = (&gated.w, &gated.gate);
     let id = w.create(w.ask("k-1", 2)).await["id"].clone();
     let counts = |m: &crate::exposition::Metrics| {
         let get = |name: &str| m.get(name).unwrap_or_else(|| panic!("{name}: {m}"));
@@ -1113,15 +1123,8 @@ async fn writes_waiting_for_the_turn_commit_with_the_group_that_holds_it() {
     let before = counts(&w.server.metrics().await);
     let release = w.call("release", &id);
     let writes = async {
-        let reached = gates.path().join("open.reached");
+        gated.reached().await;
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !reached.exists() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the release never reached its gate"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
         let creates =
             futures::future::join_all((0..17).map(|n| w.create(w.ask(&format!("w-{n}"), 1))));
         let opened = async {
@@ -1133,7 +1136,7 @@ async fn writes_waiting_for_the_turn_commit_with_the_group_that_holds_it() {
                 );
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
-            std::fs::write(&gate, b"").unwrap();
+            std::fs::write(gate, b"").unwrap();
         };
         futures::future::join(creates, opened).await.0
     };
