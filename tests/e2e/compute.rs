@@ -811,15 +811,7 @@ struct Gated {
 impl Gated {
     /// Waits until an operation is held at the gate.
     async fn reached(&self) {
-        let reached = self.gates.path().join("open.reached");
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !reached.exists() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "nothing reached the gate"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        crate::support::reached(&self.gates.path().join("open.reached")).await;
     }
 }
 

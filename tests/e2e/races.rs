@@ -664,15 +664,7 @@ impl Gated {
 
     /// Waits until the file `reached` of the gate's directory exists.
     async fn reached_at(&self, reached: &str) {
-        let reached = self.gates.path().join(reached);
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !reached.exists() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no retry reached the gate"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        crate::support::reached(&self.gates.path().join(reached)).await;
     }
 
     /// Opens the gate: the held retry writes, and the release that started it answers.

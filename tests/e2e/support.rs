@@ -553,6 +553,20 @@ impl Api {
     }
 }
 
+/// Waits (up to 20 s) until `file` exists: the mark a server held at a test gate leaves
+/// (`<gate>.reached`).
+pub async fn reached(file: &std::path::Path) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !file.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing reached the gate ({})",
+            file.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Asserts `(status, body)` is the error envelope with `code`.
 #[track_caller]
 pub fn assert_error(status: StatusCode, body: &Value, expected: StatusCode, code: &str) {
