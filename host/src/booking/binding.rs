@@ -47,8 +47,6 @@ pub use loss::detect_lost_nodes;
 pub const CARRY_STEP_MS: i64 = 5 * 60_000;
 /// How long past its end a held booking may be carried.
 pub const CARRY_MAX_MS: i64 = 24 * 3_600_000;
-/// How long a watched node may stay silent before it is lost, by default.
-pub const DEFAULT_NODE_LOST_AFTER_MS: i64 = 5 * 60_000;
 
 /// The reason a reservation ends with when its node is lost.
 pub const NODE_LOST: &str = "node-lost";
