@@ -22,6 +22,9 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
+/// What the SQLite writer's connection sets beyond what every connection does.
+const WRITER_PRAGMAS: &str = "PRAGMA temp_store = MEMORY;";
+
 /// Which database the store talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -81,10 +84,10 @@ impl Store {
         if let Some((path, create)) = &sqlite_file {
             make_private(path, *create)?;
         }
-        let sqlite = |max_connections: u32| {
+        let sqlite = |max_connections: u32, more: Option<&'static str>| {
             pool_options()
                 .max_connections(max_connections)
-                .after_connect(|conn, _| {
+                .after_connect(move |conn, _| {
                     Box::pin(async move {
                         // Reads map the file rather than copy pages: each commit empties
                         // the other connections' page caches.
@@ -94,12 +97,15 @@ impl Store {
                                  PRAGMA mmap_size = 1073741824;",
                         )
                         .await?;
+                        if let Some(more) = more {
+                            conn.execute(more).await?;
+                        }
                         Ok(())
                     })
                 })
         };
         let pool = match backend {
-            Backend::Sqlite => sqlite(8).connect_with(options.clone()).await,
+            Backend::Sqlite => sqlite(8, None).connect_with(options.clone()).await,
             Backend::Postgres => {
                 pool_options()
                     .max_connections(max_connections)
@@ -119,7 +125,11 @@ impl Store {
             make_private(path, false)?;
         }
         let writer = match &sqlite_file {
-            Some(_) => sqlite(1).connect_lazy_with(options),
+            // The writer keeps its statement journal in memory. A create writes under a
+            // savepoint in its group's transaction ([`crate::booking::group`]), and SQLite
+            // copies each page a savepoint changes into that journal, which otherwise
+            // spills to a temporary file past 64 KiB, written and deleted in every group.
+            Some(_) => sqlite(1, Some(WRITER_PRAGMAS)).connect_lazy_with(options),
             None => pool.clone(),
         };
         Ok(Store {
@@ -620,7 +630,31 @@ fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{literal, renumber};
+    use sqlx::Row as _;
+
+    use super::{Store, literal, renumber};
+
+    /// `PRAGMA temp_store` on `conn`: 2 is `MEMORY`, 0 the build's default (a file).
+    async fn temp_store(conn: &mut sqlx::AnyConnection) -> i64 {
+        let row = sqlx::query("PRAGMA temp_store")
+            .fetch_one(conn)
+            .await
+            .unwrap();
+        row.try_get::<i64, _>(0).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_sqlite_writer_keeps_its_statement_journal_in_memory_and_readers_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&Store::sqlite_url(dir.path()), 1)
+            .await
+            .unwrap();
+        let mut tx = store.begin().await.unwrap();
+        assert_eq!(temp_store(&mut tx).await, 2, "the writer's temp_store");
+        tx.rollback().await.unwrap();
+        let mut reader = store.pool().acquire().await.unwrap();
+        assert_eq!(temp_store(&mut reader).await, 0, "a reader's temp_store");
+    }
 
     #[test]
     fn a_batched_statements_parameters_follow_those_before_it() {

@@ -14,6 +14,10 @@ use tokio::process::{Child, Command};
 use crate::call_log::CallLog;
 use crate::exposition::Metrics;
 
+/// The longest a test waits for one answer: well past the longest a request may ask to wait
+/// (`wait.timeoutMs`, 30 s), so that a server that hangs fails the call, not the test's clock.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// Runs `$name(Db)` once per database, as `$name::sqlite` and `$name::postgres`.
 macro_rules! on_both_databases {
     ($($name:ident),* $(,)?) => {$(
@@ -267,7 +271,7 @@ impl Server {
     /// A client calling as `key`.
     pub fn as_key(&self, key: &str) -> Api {
         Api {
-            http: reqwest::Client::new(),
+            http: http_client(),
             base: self.url.clone(),
             key: Some(key.to_string()),
             log: self.calls.clone(),
@@ -280,7 +284,7 @@ impl Server {
 
     pub fn anonymous(&self) -> Api {
         Api {
-            http: reqwest::Client::new(),
+            http: http_client(),
             base: self.url.clone(),
             key: None,
             log: self.calls.clone(),
@@ -429,6 +433,14 @@ async fn spawn(data_dir: &Path, db: &Database, options: &Options) -> (Child, Str
     .expect("orl starts listening within 60 s");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, url, banner)
+}
+
+/// An HTTP client whose every request gives up after [`REQUEST_TIMEOUT`].
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .expect("an HTTP client")
 }
 
 /// A JSON client of one server, calling as one key (or none).
