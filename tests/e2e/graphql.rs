@@ -5,7 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, Socket, T0, on_both_databases, register_node};
+use crate::support::{Api, Db, Server, Socket, T0, at, on_both_databases, register_node};
 
 const MINUTE: i64 = 60_000;
 const HOUR: i64 = 3_600_000;
@@ -140,6 +140,7 @@ on_both_databases!(
     earnings_show_what_rest_shows_to_the_same_key_as_the_clock_moves,
     another_org_asking_for_earnings_is_told_the_org_does_not_exist,
     a_gang_placement_lists_one_member_per_node_as_rest_does,
+    a_managing_org_pages_a_nodes_reservations_it_manages_now_whatever_it_manages_later,
 );
 
 async fn every_query_shows_what_rest_shows_to_the_same_key(db: Db) {
@@ -976,4 +977,50 @@ async fn a_gang_placement_lists_one_member_per_node_as_rest_does(db: Db) {
         json!([{ "nodeId": single["placement"]["nodeId"], "unitIds": single["placement"]["unitIds"] }]),
         "a reservation on one node has one member"
     );
+}
+
+/// Whether a managing org may page a node's reservations turns on an active one naming it,
+/// not on the newest one naming it nor on the page asked for: a status or a cursor past
+/// what it manages now answers an empty page, not `NOT_FOUND`.
+async fn a_managing_org_pages_a_nodes_reservations_it_manages_now_whatever_it_manages_later(
+    db: Db,
+) {
+    let w = world(db).await;
+    let broker = w.server.org_with_key("broker", "provider").await;
+    let admin = w.server.admin();
+    let reserve = |unit: &'static str, from: i64, to: i64| {
+        let admin = admin.clone();
+        async move {
+            let body = json!({ "unitIds": [unit], "allowedOrgIds": ["tenant-a"], "managingOrgIds": ["broker"],
+                "startsAt": at(from), "endsAt": at(to) });
+            let (status, r) = admin.post("/v1/nodes/n1/reservations", body).await;
+            assert_eq!(status, StatusCode::CREATED, "{r}");
+            r["id"].as_str().unwrap().to_string()
+        }
+    };
+    let now = reserve("n1-gpu0", 1, 10).await;
+    w.server.set_clock(T0 + 2 * HOUR).await;
+    // Made later, so paged first: the broker manages it only from its term on.
+    let later = reserve("n1-gpu1", 20, 30).await;
+    let page = "query($status: String, $after: String) {
+        nodeReservations(nodeId: \"n1\", status: $status, after: $after) { edges { node { id } } } }";
+    let all = data(&w.provider, page, json!({})).await;
+    assert_eq!(ids(&all["nodeReservations"]), [later.clone(), now.clone()]);
+    let managed = data(&broker, page, json!({})).await;
+    assert_eq!(
+        ids(&managed["nodeReservations"]),
+        [now.clone()],
+        "{managed}"
+    );
+    for variables in [
+        json!({ "status": "pending" }),
+        json!({ "status": "expired" }),
+        json!({ "status": "active", "after": now }),
+    ] {
+        let none = data(&broker, page, variables.clone()).await;
+        assert!(
+            ids(&none["nodeReservations"]).is_empty(),
+            "{variables}: {none}"
+        );
+    }
 }

@@ -4,18 +4,11 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Server, T0, assert_error, audit_count, h100_inventory, on_both_databases,
+    Api, Db, Server, T0, assert_error, at, audit_count, h100_inventory, on_both_databases,
     register_node,
 };
 
 const HOUR: i64 = 3_600_000;
-
-/// An RFC 3339 instant `hours` after the test clock's start.
-fn at(hours: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(T0 + hours * HOUR)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 /// A provider `acme` with node `n1` of 8 H100s, and tenant orgs `tenant-a`, `broker`,
 /// `stranger`, each with a key of `role`.

@@ -44,6 +44,13 @@ pub enum Db {
 /// The instant every test server's manual clock starts at: 2026-12-01T00:00:00Z.
 pub const T0: i64 = 1_796_083_200_000;
 
+/// An RFC 3339 instant `hours` after the test clock's start.
+pub fn at(hours: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(T0 + hours * 3_600_000)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 /// The PostgreSQL server tests create their databases on.
 fn postgres_admin_url() -> String {
     std::env::var("ORL_TEST_POSTGRES_URL")

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::support::{
-    Api, Db, Server, Socket, T0, assert_error, component, on_both_databases, register_node,
+    Api, Db, Server, Socket, T0, assert_error, at, component, on_both_databases, register_node,
 };
 
 const HOUR: i64 = 3_600_000;
@@ -28,13 +28,6 @@ on_both_databases!(
     the_catalog_pages_by_node_and_its_cursor_walks_each_visible_node_once,
     a_unit_booked_now_shows_as_booked_in_the_catalog,
 );
-
-/// An RFC 3339 instant `hours` after the test clock's start.
-fn at(hours: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(T0 + hours * HOUR)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 /// Creates a key in `org` as the ops admin; returns its secret and id.
 async fn key_with_id(server: &Server, org: &str, body: Value) -> (String, String) {
