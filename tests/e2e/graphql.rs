@@ -1005,11 +1005,14 @@ async fn a_managing_org_pages_a_nodes_reservations_it_manages_now_whatever_it_ma
     let page = "query($status: String, $after: String) {
         nodeReservations(nodeId: \"n1\", status: $status, after: $after) { edges { node { id } } } }";
     let all = data(&w.provider, page, json!({})).await;
-    assert_eq!(ids(&all["nodeReservations"]), [later.clone(), now.clone()]);
+    assert_eq!(
+        ids(&all["nodeReservations"]),
+        [later.as_str(), now.as_str()]
+    );
     let managed = data(&broker, page, json!({})).await;
     assert_eq!(
         ids(&managed["nodeReservations"]),
-        [now.clone()],
+        [now.as_str()],
         "{managed}"
     );
     for variables in [
