@@ -10,7 +10,7 @@ use crate::support::{
     Api, Db, Server, T0, assert_error, audit_count, h100_inventory, on_both_databases,
 };
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 
 /// Provider `acme` with `nodes` nodes of 8 H100s (`n1`…, each labelled `node: <id>` so a
 /// booking can name its node) in one pool offered to `tenant-a` with a quota of 32 GPUs

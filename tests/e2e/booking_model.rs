@@ -28,7 +28,7 @@ use crate::support::{
 
 on_both_databases!(the_booking_engine_follows_its_model_over_random_operations);
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 const GPUS_PER_NODE: i64 = 4;
 const NODES: usize = 3;
 const TENANTS: usize = 2;

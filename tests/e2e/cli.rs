@@ -13,7 +13,7 @@ use crate::support::{
     Db, Options, Server, T0, component, h100_inventory, on_both_databases, random_key,
 };
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 
 /// Runs `orl args…` as `key` against `server`, whatever its outcome.
 async fn run_orl(server: &Server, key: &str, args: &[&str]) -> Output {

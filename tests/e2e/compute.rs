@@ -8,7 +8,7 @@ use crate::support::{
     Api, Db, Options, Server, T0, assert_error, component, on_both_databases, register_node,
 };
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 
 /// Provider `acme` with `nodes` nodes of 8 H100s in pool `pool`, offered to `tenant-a`
 /// with `gpu_quota` GPUs; `tenant` is a member key of tenant-a.

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::support::{Api, Db, Server, T0, assert_error, on_both_databases};
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 
 /// A unit of `class` (unit class) on `node`, with NVLink domain `domain` when given.
 fn unit(

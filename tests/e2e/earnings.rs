@@ -11,7 +11,7 @@ use crate::support::{
 };
 
 const MINUTE: i64 = 60_000;
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 const DAY: i64 = 86_400_000;
 /// The tenant's offer: 250 minor units per GPU-hour, so 7 minutes of one GPU is 29.1666…
 const PRICE: i64 = 250;

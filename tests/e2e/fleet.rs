@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::support::{Api, Db, Server, T0, on_both_databases, register_node};
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 
 const TIMELINE: &str = "query($pool: String!, $first: Int, $after: String, $node: String, $model: String, $from: Int, $to: Int) {
   timeline(poolId: $pool, first: $first, after: $after, node: $node, model: $model, from: $from, to: $to) {

@@ -5,10 +5,9 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, Socket, T0, at, on_both_databases, register_node};
+use crate::support::{Api, Db, HOUR, Server, Socket, T0, at, on_both_databases, register_node};
 
 const MINUTE: i64 = 60_000;
-const HOUR: i64 = 3_600_000;
 /// Every field of the `earnings` query, named as REST names them.
 const EARNINGS: &str = "query($org: String!) { earnings(orgId: $org) {
     orgId currency asOf grossMinor earnedMinor paidOutMinor availableMinor providerShareBps

@@ -8,7 +8,7 @@ use crate::support::{
     register_node,
 };
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 
 /// A provider `acme` with node `n1` of 8 H100s, and tenant orgs `tenant-a`, `broker`,
 /// `stranger`, each with a key of `role`.

@@ -150,7 +150,7 @@ impl Victim {
                 Some(json!({ "tenantId": "rival", "quota": { "gpu": 8 } }))
             }
             (_, "/v1/pools/{poolId}/policies") => Some(json!({ "placement": self.plugin })),
-            (_, "/v1/clock") => Some(json!({ "nowMs": crate::support::T0 + 3_600_000 })),
+            (_, "/v1/clock") => Some(json!({ "nowMs": crate::support::T0 + crate::support::HOUR })),
             (_, "/api/compute/reservations/create") => {
                 let mut body = ask;
                 body["idempotencyKey"] = json!("intruder");

@@ -44,9 +44,12 @@ pub enum Db {
 /// The instant every test server's manual clock starts at: 2026-12-01T00:00:00Z.
 pub const T0: i64 = 1_796_083_200_000;
 
+/// An hour of the test clock, in milliseconds.
+pub const HOUR: i64 = 3_600_000;
+
 /// An RFC 3339 instant `hours` after the test clock's start.
 pub fn at(hours: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(T0 + hours * 3_600_000)
+    chrono::DateTime::from_timestamp_millis(T0 + hours * HOUR)
         .unwrap()
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

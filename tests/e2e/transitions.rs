@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use crate::races::{fleet, rpc};
 use crate::support::{Db, Server, T0, on_both_databases};
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 
 on_both_databases!(
     a_refused_create_writes_its_denied_event,

@@ -12,7 +12,7 @@ use crate::support::{
     Api, Db, Server, Socket, T0, assert_error, at, component, on_both_databases, register_node,
 };
 
-const HOUR: i64 = 3_600_000;
+use crate::support::HOUR;
 
 /// How long a stream may go on after its key is revoked.
 const REVOCATION_GRACE: Duration = Duration::from_secs(5);
