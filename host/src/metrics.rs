@@ -686,7 +686,7 @@ fn seconds_since(at_ms: i64, now_ms: i64) -> f64 {
 /// pool has is written, 0 included, so that an alert on one never sees it vanish.
 fn count_units(
     pool: &str,
-    nodes: &[std::sync::Arc<crate::capacity::NodeCapacity>],
+    nodes: &crate::capacity::Nodes,
     now: i64,
     out: &mut Vec<(UnitLabels, i64)>,
 ) {

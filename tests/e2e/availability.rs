@@ -7,10 +7,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Server, T0, assert_error, audit_count, h100_inventory, on_both_databases,
+    Api, Db, HOUR, Server, T0, assert_error, audit_count, h100_inventory, on_both_databases,
 };
-
-use crate::support::HOUR;
 
 /// Provider `acme` with `nodes` nodes of 8 H100s (`n1`…, each labelled `node: <id>` so a
 /// booking can name its node) in one pool offered to `tenant-a` with a quota of 32 GPUs

@@ -23,12 +23,11 @@ use serde_json::{Value, json};
 use sqlx::Row as _;
 
 use crate::support::{
-    Api, Db, Server, T0, h100_inventory, on_both_databases, register_node, report_node,
+    Api, Db, HOUR, Server, T0, h100_inventory, on_both_databases, register_node, report_node,
 };
 
 on_both_databases!(the_booking_engine_follows_its_model_over_random_operations);
 
-use crate::support::HOUR;
 const GPUS_PER_NODE: i64 = 4;
 const NODES: usize = 3;
 const TENANTS: usize = 2;

@@ -10,10 +10,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use crate::support::{
-    Db, Options, Server, T0, component, h100_inventory, on_both_databases, random_key,
+    Db, HOUR, Options, Server, T0, component, h100_inventory, on_both_databases, random_key,
 };
-
-use crate::support::HOUR;
 
 /// Runs `orl args…` as `key` against `server`, whatever its outcome.
 async fn run_orl(server: &Server, key: &str, args: &[&str]) -> Output {

@@ -5,10 +5,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Options, Server, T0, assert_error, component, on_both_databases, register_node,
+    Api, Db, HOUR, Options, Server, T0, assert_error, component, on_both_databases, register_node,
 };
-
-use crate::support::HOUR;
 
 /// Provider `acme` with `nodes` nodes of 8 H100s in pool `pool`, offered to `tenant-a`
 /// with `gpu_quota` GPUs; `tenant` is a member key of tenant-a.
@@ -174,6 +172,7 @@ on_both_databases!(
     concurrent_creates_past_the_quota_are_refused_each_alone_and_charge_it_exactly,
     node_reservation_rights_are_honoured_by_placement,
     events_are_written_with_each_change_and_scoped_to_the_tenant,
+    the_database_itself_refuses_overlapping_bookings_of_one_unit,
 );
 
 async fn create_places_whole_gpus_and_a_replay_returns_the_stored_reservation(db: Db) {
@@ -1707,4 +1706,61 @@ async fn concurrent_creates_past_the_quota_are_refused_each_alone_and_charge_it_
         );
     }
     assert_eq!(w.used_gpus().await, 12);
+}
+
+/// The overlap check under every placement, extend and carry: the database refuses a second
+/// active booking of a unit for an overlapping term, whichever reservation writes it, and
+/// takes one of another unit, one that ends where the first starts, or one not active.
+async fn the_database_itself_refuses_overlapping_bookings_of_one_unit(db: Db) {
+    let w = world(db, 1, 8).await;
+    let first = w.create(w.ask("k-first", 1)).await;
+    let second = w.create(w.ask("k-second", 1)).await;
+    let unit = first["placement"]["unitIds"][0].as_str().unwrap();
+    let other = second["placement"]["unitIds"][0].as_str().unwrap();
+    let second_id = second["id"].as_str().unwrap();
+    let mut conn = w.server.database().await;
+    let (yes, no) = match db {
+        Db::Postgres => ("true", "false"),
+        Db::Sqlite => ("1", "0"),
+    };
+    let booking = |unit: &str, start_hours: i64, end_hours: i64, active: &str| {
+        format!(
+            "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active)
+             VALUES ('{second_id}', 'n1', '{unit}', {}, {}, {no}, {active})",
+            T0 + start_hours * HOUR,
+            T0 + end_hours * HOUR
+        )
+    };
+    let err = sqlx::query(&booking(unit, 1, 3, yes))
+        .execute(&mut conn)
+        .await
+        .expect_err("the first reservation books this unit for hours 0 to 2");
+    assert!(err.to_string().contains("bookings_no_overlap"), "{err}");
+    let free = ["n1-gpu0", "n1-gpu1", "n1-gpu2"]
+        .into_iter()
+        .find(|u| *u != unit && *u != other)
+        .unwrap();
+    for (unit, start, end, active, why) in [
+        (free, 1, 3, yes, "another unit"),
+        (
+            unit,
+            2,
+            4,
+            yes,
+            "a term that starts where the booked one ends",
+        ),
+        (unit, 0, 2, no, "a booking that is not active"),
+    ] {
+        let sql = booking(unit, start, end, active);
+        let done = sqlx::query(&sql).execute(&mut conn).await;
+        assert!(done.is_ok(), "{why}: {done:?}");
+        // Gone again: the invariants checked after each test hold every booking to its
+        // reservation's state.
+        sqlx::query(&format!(
+            "DELETE FROM bookings WHERE reservation_id = '{second_id}' AND unit_id = '{unit}'"
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
 }

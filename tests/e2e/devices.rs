@@ -8,9 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, T0, assert_error, on_both_databases};
-
-use crate::support::HOUR;
+use crate::support::{Api, Db, HOUR, Server, T0, assert_error, on_both_databases};
 
 /// A unit of `class` (unit class) on `node`, with NVLink domain `domain` when given.
 fn unit(

@@ -6,12 +6,11 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Options, Server, T0, assert_error, audit_count, h100_inventory, on_both_databases,
-    register_node,
+    Api, Db, HOUR, Options, Server, T0, assert_error, audit_count, h100_inventory,
+    on_both_databases, register_node,
 };
 
 const MINUTE: i64 = 60_000;
-use crate::support::HOUR;
 const DAY: i64 = 86_400_000;
 /// The tenant's offer: 250 minor units per GPU-hour, so 7 minutes of one GPU is 29.1666…
 const PRICE: i64 = 250;

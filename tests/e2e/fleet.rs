@@ -5,9 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{Api, Db, Server, T0, on_both_databases, register_node};
-
-use crate::support::HOUR;
+use crate::support::{Api, Db, HOUR, Server, T0, on_both_databases, register_node};
 
 const TIMELINE: &str = "query($pool: String!, $first: Int, $after: String, $node: String, $model: String, $from: Int, $to: Int) {
   timeline(poolId: $pool, first: $first, after: $after, node: $node, model: $model, from: $from, to: $to) {

@@ -4,11 +4,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Api, Db, Server, T0, assert_error, at, audit_count, h100_inventory, on_both_databases,
+    Api, Db, HOUR, Server, T0, assert_error, at, audit_count, h100_inventory, on_both_databases,
     register_node,
 };
-
-use crate::support::HOUR;
 
 /// A provider `acme` with node `n1` of 8 H100s, and tenant orgs `tenant-a`, `broker`,
 /// `stranger`, each with a key of `role`.

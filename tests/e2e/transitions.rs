@@ -5,9 +5,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::races::{fleet, rpc};
-use crate::support::{Db, Server, T0, on_both_databases};
-
-use crate::support::HOUR;
+use crate::support::{Db, HOUR, Server, T0, on_both_databases};
 
 on_both_databases!(
     a_refused_create_writes_its_denied_event,

@@ -9,10 +9,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::support::{
-    Api, Db, Server, Socket, T0, assert_error, at, component, on_both_databases, register_node,
+    Api, Db, HOUR, Server, Socket, T0, assert_error, at, component, on_both_databases,
+    register_node,
 };
-
-use crate::support::HOUR;
 
 /// How long a stream may go on after its key is revoked.
 const REVOCATION_GRACE: Duration = Duration::from_secs(5);

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::placement::{ByShape, Census, Snapshot, held_until};
 use super::store::{Member, Reservation};
 use super::{CreateRequest, DeviceRequest, Duration, Gang, Resources, Topology};
-use crate::capacity::{NodeCapacity, PoolList};
+use crate::capacity::{NodeCapacity, Nodes, PoolList};
 use crate::placer::{NativeDefault, Placer as _};
 use crate::{Error, Result};
 
@@ -164,7 +164,7 @@ pub fn search(nodes: &PoolList, search: &Search<'_>) -> Found {
 }
 
 /// One node at a time: each node's earliest start, in start order.
-fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
+fn search_nodes(nodes: &Nodes, search: &Search<'_>) -> Found {
     let mut shapes = ByShape::default();
     let mut could_fit = |node: &Arc<NodeCapacity>| {
         let fits = || fits_alone(node, search, ONCE_FREE).is_some();
@@ -239,7 +239,7 @@ fn search_nodes(nodes: &[Arc<NodeCapacity>], search: &Search<'_>) -> Found {
 /// The units `node` alone would give the request over `[start, start + duration)`.
 fn fits_alone(node: &Arc<NodeCapacity>, search: &Search<'_>, start: i64) -> Option<Vec<String>> {
     let list = PoolList {
-        nodes: Arc::new(vec![node.clone()]),
+        nodes: std::iter::once(node.clone()).collect(),
         scan: Default::default(),
         smallest_share: None,
     };

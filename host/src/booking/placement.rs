@@ -11,7 +11,7 @@ use sqlx::AnyConnection;
 
 use super::store::Reservation;
 use super::{CreateRequest, DeviceRequest, HostBooking};
-use crate::capacity::{Booked, NodeCapacity, PoolList};
+use crate::capacity::{Booked, NodeCapacity, Nodes, PoolList};
 use crate::inventory::nodes::Node;
 use crate::inventory::{Unit, labels_match};
 use crate::node_reservations::may_place;
@@ -44,7 +44,7 @@ pub struct Candidacy {
 /// is made on. A node's position in it is its id in the candidates of a call; lost nodes
 /// are in it but never candidates.
 pub struct Snapshot {
-    nodes: Arc<Vec<Arc<NodeCapacity>>>,
+    nodes: Nodes,
     /// Where a decision that reads only part of the pool starts ([`PoolList::scan`]).
     scan: Arc<AtomicUsize>,
     /// [`PoolList::smallest_share`].
@@ -148,7 +148,7 @@ impl Snapshot {
             })
             .collect();
         let nodes = PoolList {
-            nodes: Arc::new(nodes),
+            nodes,
             scan: self.scan.clone(),
             smallest_share: self.smallest_share,
         };
@@ -835,7 +835,7 @@ impl Snapshot {
             })
             .collect();
         Snapshot {
-            nodes: Arc::new(nodes),
+            nodes,
             scan: self.scan.clone(),
             smallest_share: self.smallest_share,
             own: self.own.clone(),

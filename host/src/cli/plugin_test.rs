@@ -362,7 +362,7 @@ fn pool_of(scenario: &Scenario, now: i64) -> anyhow::Result<Pool> {
         )));
     }
     let list = PoolList {
-        nodes: Arc::new(nodes),
+        nodes: nodes.into_iter().collect(),
         scan: Arc::default(),
         smallest_share: None,
     };

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use sqlx::Row as _;
 
-use crate::capacity::{NodeCapacity, UnitState};
+use crate::capacity::{Nodes, UnitState};
 use crate::iam::Principal;
 use crate::pools::store;
 use crate::{App, Result};
@@ -91,11 +91,7 @@ pub async fn pools(
 }
 
 /// The counts of `nodes` by model; `booked` is unit-ms booked per model and hour.
-fn count(
-    nodes: &[std::sync::Arc<NodeCapacity>],
-    now: i64,
-    booked: &HashMap<String, Vec<i64>>,
-) -> Vec<ModelCounts> {
+fn count(nodes: &Nodes, now: i64, booked: &HashMap<String, Vec<i64>>) -> Vec<ModelCounts> {
     let instants: Vec<i64> = (0..=AHEAD_MS / STEP_MS)
         .map(|k| now + k * STEP_MS)
         .collect();
@@ -152,7 +148,7 @@ fn share(part: i64, whole: i64) -> f64 {
 async fn booked_by_hour(
     app: &App,
     pool_id: &str,
-    nodes: &[std::sync::Arc<NodeCapacity>],
+    nodes: &Nodes,
     now: i64,
 ) -> Result<HashMap<String, Vec<i64>>> {
     let from = now - HOURS_BACK * HOUR_MS;
