@@ -653,7 +653,7 @@ pub(super) mod tests {
 
     fn pool(nodes: Vec<Arc<NodeCapacity>>) -> PoolList {
         PoolList {
-            nodes: Arc::new(nodes),
+            nodes: nodes.into_iter().collect(),
             scan: Default::default(),
             smallest_share: None,
         }

@@ -244,7 +244,7 @@ async fn decide_once(
         .find_map(|n| n.region.clone())
         .unwrap_or_default();
     // Let go of the pool's node list: while a create holds it, every change to a node of
-    // the pool copies the list instead of patching it in place.
+    // the pool copies that node's part of the list instead of patching it in place.
     drop(snapshot);
     let attrs = attributes(request, &draft, &region);
     if !confirmed {

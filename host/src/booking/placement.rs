@@ -1076,12 +1076,13 @@ mod tests {
             };
             let node = Arc::new(Node::sample("n", resources, units));
             let nodes = PoolList {
-                nodes: Arc::new(vec![Arc::new(NodeCapacity::new(
+                nodes: std::iter::once(Arc::new(NodeCapacity::new(
                     node,
                     bookings,
                     host,
                     Vec::new(),
-                ))]),
+                )))
+                .collect(),
                 scan: Default::default(),
                 smallest_share: None,
             };
