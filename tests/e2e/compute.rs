@@ -1719,19 +1719,15 @@ async fn the_database_itself_refuses_overlapping_bookings_of_one_unit(db: Db) {
     let other = second["placement"]["unitIds"][0].as_str().unwrap();
     let second_id = second["id"].as_str().unwrap();
     let mut conn = w.server.database().await;
-    let (yes, no) = match db {
-        Db::Postgres => ("true", "false"),
-        Db::Sqlite => ("1", "0"),
-    };
     let booking = |unit: &str, start_hours: i64, end_hours: i64, active: &str| {
         format!(
             "INSERT INTO bookings (reservation_id, node_id, unit_id, start_ms, end_ms, spot, active)
-             VALUES ('{second_id}', 'n1', '{unit}', {}, {}, {no}, {active})",
+             VALUES ('{second_id}', 'n1', '{unit}', {}, {}, FALSE, {active})",
             T0 + start_hours * HOUR,
             T0 + end_hours * HOUR
         )
     };
-    let err = sqlx::query(&booking(unit, 1, 3, yes))
+    let err = sqlx::query(&booking(unit, 1, 3, "TRUE"))
         .execute(&mut conn)
         .await
         .expect_err("the first reservation books this unit for hours 0 to 2");
@@ -1741,15 +1737,15 @@ async fn the_database_itself_refuses_overlapping_bookings_of_one_unit(db: Db) {
         .find(|u| *u != unit && *u != other)
         .unwrap();
     for (unit, start, end, active, why) in [
-        (free, 1, 3, yes, "another unit"),
+        (free, 1, 3, "TRUE", "another unit"),
         (
             unit,
             2,
             4,
-            yes,
+            "TRUE",
             "a term that starts where the booked one ends",
         ),
-        (unit, 0, 2, no, "a booking that is not active"),
+        (unit, 0, 2, "FALSE", "a booking that is not active"),
     ] {
         let sql = booking(unit, start, end, active);
         let done = sqlx::query(&sql).execute(&mut conn).await;

@@ -780,23 +780,10 @@ async fn an_extend_stops_where_a_node_reservation_of_another_audience_begins(db:
 }
 
 async fn the_database_itself_refuses_overlapping_claims(db: Db) {
-    use sqlx::Connection as _;
     let w = world(db).await;
     w.reserve(json!({ "unitIds": ["n1-gpu0"], "allowedOrgIds": ["tenant-a"], "endsAt": at(10) }))
         .await;
-    let url = w.server.db.url.clone().unwrap_or_else(|| {
-        format!(
-            "sqlite://{}",
-            w.server.data_dir.path().join("orl.db").display()
-        )
-    });
-    sqlx::any::install_default_drivers();
-    let mut conn = sqlx::AnyConnection::connect(&url).await.unwrap();
-    let (yes, no) = if db == Db::Postgres {
-        ("true", "false")
-    } else {
-        ("1", "0")
-    };
+    let mut conn = w.server.database().await;
     sqlx::query(&format!(
         "INSERT INTO node_reservations (id, node_id, allowed_org_ids, managing_org_ids, starts_at, ends_at, lifecycle,
                                         topology_gen, created_at, updated_at)
@@ -808,11 +795,11 @@ async fn the_database_itself_refuses_overlapping_claims(db: Db) {
     let claim = |unit: &str, start_hours: i64, claiming: &str| {
         format!(
             "INSERT INTO node_reservation_units (reservation_id, node_id, unit_id, position, starts_at, ends_at, released, claiming)
-             VALUES ('nrsv_raw', 'n1', '{unit}', 0, {}, NULL, {no}, {claiming})",
+             VALUES ('nrsv_raw', 'n1', '{unit}', 0, {}, NULL, FALSE, {claiming})",
             T0 + start_hours * HOUR
         )
     };
-    let err = sqlx::query(&claim("n1-gpu0", 5, yes))
+    let err = sqlx::query(&claim("n1-gpu0", 5, "TRUE"))
         .execute(&mut conn)
         .await
         .unwrap_err();
@@ -821,11 +808,11 @@ async fn the_database_itself_refuses_overlapping_claims(db: Db) {
             .contains("node_reservation_units_no_overlap"),
         "{err}"
     );
-    sqlx::query(&claim("n1-gpu1", 5, yes))
+    sqlx::query(&claim("n1-gpu1", 5, "TRUE"))
         .execute(&mut conn)
         .await
         .expect("another unit is free");
-    sqlx::query(&claim("n1-gpu0", 5, no))
+    sqlx::query(&claim("n1-gpu0", 5, "FALSE"))
         .execute(&mut conn)
         .await
         .expect("a non-claiming row never conflicts");
