@@ -1507,13 +1507,14 @@ pub async fn load(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<NodeCa
 /// [`load`] for at most [`LOAD_BATCH`] ids (one query each for nodes, units, bookings,
 /// host bookings and claims).
 async fn load_batch(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<NodeCapacity>> {
-    let list = placeholders(2, ids.len());
+    // `IS TRUE`: what the partial indexes on live bookings say (migration `0020`).
+    let list = placeholders(1, ids.len());
     let mut bookings: HashMap<String, Vec<Booked>> = HashMap::new();
     let sql = format!(
         "SELECT node_id, unit_id, reservation_id, spot, start_ms, end_ms FROM bookings
-         WHERE active = $1 AND node_id IN ({list}) ORDER BY node_id, unit_id, start_ms, reservation_id"
+         WHERE active IS TRUE AND node_id IN ({list}) ORDER BY node_id, unit_id, start_ms, reservation_id"
     );
-    let mut query = sqlx::query(&sql).bind(true);
+    let mut query = sqlx::query(&sql);
     for id in ids {
         query = query.bind(id);
     }
@@ -1533,9 +1534,9 @@ async fn load_batch(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<Node
     let sql = format!(
         "SELECT h.node_id, h.reservation_id, r.spot, h.vcpu, h.memory_gib, h.hugepages_1gi, h.start_ms, h.end_ms
          FROM host_bookings h JOIN compute_reservations r ON r.id = h.reservation_id
-         WHERE h.active = $1 AND h.node_id IN ({list}) ORDER BY h.node_id, h.start_ms, h.reservation_id"
+         WHERE h.active IS TRUE AND h.node_id IN ({list}) ORDER BY h.node_id, h.start_ms, h.reservation_id"
     );
-    let mut query = sqlx::query(&sql).bind(true);
+    let mut query = sqlx::query(&sql);
     for id in ids {
         query = query.bind(id);
     }

@@ -44,11 +44,10 @@ pub async fn on_units(
 ) -> Result<Workloads> {
     let rows = sqlx::query(
         "SELECT reservation_id, unit_id, spot FROM bookings
-         WHERE node_id = $1 AND active = $2 AND end_ms > $3
+         WHERE node_id = $1 AND active IS TRUE AND end_ms > $2
          ORDER BY reservation_id",
     )
     .bind(node_id)
-    .bind(true)
     .bind(now)
     .fetch_all(&mut *conn)
     .await?;

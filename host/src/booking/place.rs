@@ -542,7 +542,6 @@ async fn node_check(
         booked_host("hugepages_1gi", NODE_CHECK_PARAMS),
     ))
     .bind(node_id)
-    .bind(true)
     .bind(&r.id)
     .bind(r.end_ms)
     .bind(r.start_ms.max(now))
@@ -569,24 +568,25 @@ async fn node_check(
 }
 
 /// [`booked_host`]'s parameters in [`node_check`]'s statement.
-const NODE_CHECK_PARAMS: [&str; 4] = ["$2", "$3", "$4", "$5"];
+const NODE_CHECK_PARAMS: [&str; 3] = ["$2", "$3", "$4"];
 
 /// The host resource `column` booked on node `n` over the window `start`–`end` by
-/// reservations other than `id` (`active`: true), each named by its parameter.
-fn booked_host(column: &str, [active, id, end, start]: [&str; 4]) -> String {
+/// reservations other than `id`, each named by its parameter. Read through the index on
+/// live host bookings (`IS TRUE`, as its predicate says), not the node's history.
+fn booked_host(column: &str, [id, end, start]: [&str; 3]) -> String {
     format!(
         "(SELECT CAST(COALESCE(SUM(h.{column}), 0) AS BIGINT) FROM host_bookings h
-          WHERE h.node_id = n.id AND h.active = {active} AND h.reservation_id <> {id} AND h.start_ms < {end} AND h.end_ms > {start})"
+          WHERE h.node_id = n.id AND h.active IS TRUE AND h.reservation_id <> {id} AND h.start_ms < {end} AND h.end_ms > {start})"
     )
 }
 
 /// What [`node_check`] checks of a node without node reservations, as a condition on the
 /// statement that books its units ([`store::push_bookings`]; `$1` the reservation, `$2` the
-/// node, `$3`–`$4` the window, `$6` true): the node still reports, holds no node
-/// reservation, and has room for `want` over the window. A node that fails it books no
-/// unit, which shows as a lost decision.
+/// node, `$3`–`$4` the window): the node still reports, holds no node reservation, and
+/// has room for `want` over the window. A node that fails it books no unit, which shows as
+/// a lost decision.
 fn node_room(want: HostBooking) -> String {
-    let params = ["$6", "$1", "$4", "$3"];
+    let params = ["$1", "$4", "$3"];
     let fits = |column: &str, want: i64| {
         format!(
             " AND {} + {want} <= n.host_{column}",

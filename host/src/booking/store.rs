@@ -638,12 +638,11 @@ pub async fn next_booking_start(
 ) -> Result<Option<i64>> {
     let sql = format!(
         "SELECT MIN(start_ms) FROM bookings
-         WHERE active = $1 AND node_id = $2 AND reservation_id <> $3 AND start_ms >= $4 AND start_ms < $5
+         WHERE active IS TRUE AND node_id = $1 AND reservation_id <> $2 AND start_ms >= $3 AND start_ms < $4
            AND unit_id IN ({})",
-        placeholders(6, units.len())
+        placeholders(5, units.len())
     );
     let mut query = sqlx::query_scalar::<_, Option<i64>>(&sql)
-        .bind(true)
         .bind(node_id)
         .bind(id)
         .bind(from)

@@ -48,10 +48,9 @@ pub async fn detect_lost_nodes(app: &App) -> Result<Vec<String>> {
     for node in lost {
         let booked: Vec<String> = sqlx::query_scalar(
             "SELECT DISTINCT r.id FROM compute_reservations r JOIN bookings b ON b.reservation_id = r.id
-             WHERE b.node_id = $1 AND b.active = $2 AND r.state IN ('placed', 'binding', 'active')",
+             WHERE b.node_id = $1 AND b.active IS TRUE AND r.state IN ('placed', 'binding', 'active')",
         )
         .bind(&node)
-        .bind(true)
         .fetch_all(app.store.pool())
         .await?;
         for id in booked {
