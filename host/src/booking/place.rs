@@ -532,14 +532,12 @@ async fn node_check(
     }
     let Some(node) = sqlx::query(&format!(
         "SELECT n.host_vcpu, n.host_memory_gib, n.host_hugepages_1gi, n.lost_at,
-                {} AS vcpu, {} AS memory_gib, {} AS hugepages_1gi,
+                b.vcpu, b.memory_gib, b.hugepages_1gi,
                 CAST(CASE WHEN EXISTS (SELECT 1 FROM node_reservations nr
                                        WHERE nr.node_id = n.id AND nr.lifecycle <> 'cancelled')
                           THEN 1 ELSE 0 END AS BIGINT) AS claimed
-         FROM nodes n WHERE n.id = $1",
-        booked_host("vcpu", NODE_CHECK_PARAMS),
-        booked_host("memory_gib", NODE_CHECK_PARAMS),
-        booked_host("hugepages_1gi", NODE_CHECK_PARAMS),
+         FROM nodes n, {} WHERE n.id = $1",
+        booked_host(NODE_CHECK_PARAMS),
     ))
     .bind(node_id)
     .bind(&r.id)
@@ -568,15 +566,20 @@ async fn node_check(
 }
 
 /// [`booked_host`]'s parameters in [`node_check`]'s statement.
-const NODE_CHECK_PARAMS: [&str; 3] = ["$2", "$3", "$4"];
+const NODE_CHECK_PARAMS: [&str; 4] = ["$1", "$2", "$3", "$4"];
 
-/// The host resource `column` booked on node `n` over the window `start`–`end` by
-/// reservations other than `id`, each named by its parameter. Read through the index on
-/// live host bookings (`IS TRUE`, as its predicate says), not the node's history.
-fn booked_host(column: &str, [id, end, start]: [&str; 3]) -> String {
+/// The host resources booked on node `node` over the window `start`–`end` by reservations
+/// other than `id` (each named by its parameter), as a table `b` of one row with a column
+/// per resource: one read of the node's live host bookings, through their index (`IS
+/// TRUE`, as its predicate says), not the node's history.
+fn booked_host([node, id, end, start]: [&str; 4]) -> String {
     format!(
-        "(SELECT CAST(COALESCE(SUM(h.{column}), 0) AS BIGINT) FROM host_bookings h
-          WHERE h.node_id = n.id AND h.active IS TRUE AND h.reservation_id <> {id} AND h.start_ms < {end} AND h.end_ms > {start})"
+        "(SELECT CAST(COALESCE(SUM(h.vcpu), 0) AS BIGINT) AS vcpu,
+                 CAST(COALESCE(SUM(h.memory_gib), 0) AS BIGINT) AS memory_gib,
+                 CAST(COALESCE(SUM(h.hugepages_1gi), 0) AS BIGINT) AS hugepages_1gi
+          FROM host_bookings h
+          WHERE h.node_id = {node} AND h.active IS TRUE AND h.reservation_id <> {id}
+            AND h.start_ms < {end} AND h.end_ms > {start}) b"
     )
 }
 
@@ -586,24 +589,19 @@ fn booked_host(column: &str, [id, end, start]: [&str; 3]) -> String {
 /// has room for `want` over the window. A node that fails it books no unit, which shows as
 /// a lost decision.
 fn node_room(want: HostBooking) -> String {
-    let params = ["$1", "$4", "$3"];
-    let fits = |column: &str, want: i64| {
-        format!(
-            " AND {} + {want} <= n.host_{column}",
-            booked_host(column, params)
-        )
-    };
-    let host = match want == HostBooking::default() {
-        true => String::new(),
-        false => [
-            fits("vcpu", want.vcpu),
-            fits("memory_gib", want.memory_gib),
-            fits("hugepages_1gi", want.hugepages_1gi),
-        ]
-        .concat(),
+    let (booked, host) = match want == HostBooking::default() {
+        true => (String::new(), String::new()),
+        false => (
+            format!(", {}", booked_host(["$2", "$1", "$4", "$3"])),
+            format!(
+                " AND b.vcpu + {} <= n.host_vcpu AND b.memory_gib + {} <= n.host_memory_gib
+                  AND b.hugepages_1gi + {} <= n.host_hugepages_1gi",
+                want.vcpu, want.memory_gib, want.hugepages_1gi
+            ),
+        ),
     };
     format!(
-        "EXISTS (SELECT 1 FROM nodes n WHERE n.id = $2 AND n.lost_at IS NULL
+        "EXISTS (SELECT 1 FROM nodes n{booked} WHERE n.id = $2 AND n.lost_at IS NULL
                    AND NOT EXISTS (SELECT 1 FROM node_reservations nr
                                    WHERE nr.node_id = n.id AND nr.lifecycle <> 'cancelled'){host})"
     )
