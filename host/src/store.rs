@@ -505,9 +505,10 @@ impl Batch {
     /// query of several statements, each with a snapshot of its own, so the batch sees what
     /// committed while an opening statement waited for a lock. On an error `prepared` is
     /// forgotten (whether its `PREPARE` ran is not known), to be read again before the
-    /// next batch.
+    /// next batch. A connection holding [`MAX_PREPARED`] batches runs a new one's opening
+    /// and statement in two round trips instead.
     pub async fn execute_prepared_then(
-        self,
+        mut self,
         conn: &mut AnyConnection,
         read: &str,
         prepared: &mut Option<HashSet<String>>,
@@ -521,6 +522,15 @@ impl Batch {
         let statement = self.postgres_statement(Some(&format!("CAST(({read}) AS BIGINT)")));
         let types: Vec<&str> = self.values.iter().map(Value::postgres_type).collect();
         let name = statement_name(&statement, &types);
+        if !names.contains(&name) && names.len() >= MAX_PREPARED {
+            // A connection holds a bounded number: the opening, then the batch, apart.
+            *prepared = Some(names);
+            if let Some(opening) = self.opening.take() {
+                conn.execute(sqlx::raw_sql(&opening)).await?;
+            }
+            let (counts, read) = self.run(conn, Some(read)).await?;
+            return Ok((counts, read.expect("asked for")));
+        }
         let mut sql: Vec<String> = self.opening.into_iter().collect();
         if !names.contains(&name) {
             sql.push(format!(
@@ -542,16 +552,17 @@ impl Batch {
 
 /// The names of the statements [`Batch::execute_prepared_then`] prepared on `conn`.
 async fn prepared_on(conn: &mut AnyConnection) -> sqlx::Result<HashSet<String>> {
-    let names: Vec<String> = sqlx::query_scalar(&format!(
-        "SELECT name FROM pg_prepared_statements WHERE {PREPARED}"
-    ))
-    .fetch_all(conn)
-    .await?;
+    let names: Vec<String> = sqlx::query_scalar(PREPARED).fetch_all(conn).await?;
     Ok(names.into_iter().collect())
 }
 
-/// Which of a connection's prepared statements are the batches'.
-pub const PREPARED: &str = "starts_with(name, 'orl_batch_')";
+/// How many batches [`Batch::execute_prepared_then`] prepares on one connection at most
+/// (batches have a few shapes: their statements hold parameters, not values).
+const MAX_PREPARED: usize = 64;
+
+/// The names of the batches prepared on a connection.
+pub const PREPARED: &str =
+    "SELECT name FROM pg_prepared_statements WHERE starts_with(name, 'orl_batch_')";
 
 /// A name for `statement` with parameters of `types`, the same for the same statement.
 fn statement_name(statement: &str, types: &[&str]) -> String {

@@ -150,10 +150,7 @@ impl Group {
                 // A member never waits long for a row another transaction holds: that one
                 // may be waiting for this group's locks, taken by the members before it.
                 // Read in the same round trip: the batches prepared on the connection.
-                let sql = format!(
-                    "{LOCK_TIMEOUT};\nSELECT name FROM pg_prepared_statements WHERE {}",
-                    crate::store::PREPARED
-                );
+                let sql = format!("{LOCK_TIMEOUT};\n{}", crate::store::PREPARED);
                 let rows = tx.fetch_all(sqlx::raw_sql(&sql)).await?;
                 prepared = Some(rows.iter().map(|row| row.get::<String, _>(0)).collect());
             }

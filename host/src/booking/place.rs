@@ -440,7 +440,7 @@ pub(super) async fn book(
                     (&m.node_id, &m.unit_ids),
                     share,
                     now,
-                    room.as_deref(),
+                    room.as_ref(),
                 );
                 deferred.expect.extend(rows);
             }
@@ -584,27 +584,32 @@ fn booked_host([node, id, end, start]: [&str; 4]) -> String {
 }
 
 /// What [`node_check`] checks of a node without node reservations, as a condition on the
-/// statement that books its units ([`store::push_bookings`]; `$1` the reservation, `$2` the
-/// node, `$3`–`$4` the window): the node still reports, holds no node reservation, and
-/// has room for `want` over the window. A node that fails it books no unit, which shows as
-/// a lost decision.
-fn node_room(want: HostBooking) -> String {
-    let (booked, host) = match want == HostBooking::default() {
-        true => (String::new(), String::new()),
+/// statement that books its units ([`store::push_bookings`]): the node still reports,
+/// holds no node reservation, and has room for `want` over the window. A node that fails it
+/// books no unit, which shows as a lost decision.
+fn node_room(want: HostBooking) -> store::NodeCondition {
+    let (booked, host, values) = match want == HostBooking::default() {
+        true => (String::new(), String::new(), Vec::new()),
         false => (
             format!(", {}", booked_host(["$2", "$1", "$4", "$3"])),
-            format!(
-                " AND b.vcpu + {} <= n.host_vcpu AND b.memory_gib + {} <= n.host_memory_gib
-                  AND b.hugepages_1gi + {} <= n.host_hugepages_1gi",
-                want.vcpu, want.memory_gib, want.hugepages_1gi
-            ),
+            " AND b.vcpu + $10 <= n.host_vcpu AND b.memory_gib + $11 <= n.host_memory_gib
+              AND b.hugepages_1gi + $12 <= n.host_hugepages_1gi"
+                .to_string(),
+            vec![
+                want.vcpu.into(),
+                want.memory_gib.into(),
+                want.hugepages_1gi.into(),
+            ],
         ),
     };
-    format!(
-        "EXISTS (SELECT 1 FROM nodes n{booked} WHERE n.id = $2 AND n.lost_at IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM node_reservations nr
-                                   WHERE nr.node_id = n.id AND nr.lifecycle <> 'cancelled'){host})"
-    )
+    store::NodeCondition {
+        sql: format!(
+            "EXISTS (SELECT 1 FROM nodes n{booked} WHERE n.id = $2 AND n.lost_at IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM node_reservations nr
+                                       WHERE nr.node_id = n.id AND nr.lifecycle <> 'cancelled'){host})"
+        ),
+        values,
+    }
 }
 
 /// How many reservations that still do not fit one transaction marks waiting again.

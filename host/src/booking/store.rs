@@ -529,18 +529,27 @@ pub async fn insert_bookings(
     Ok(batch.execute(conn).await? == rows)
 }
 
+/// A condition on the statement that books a node's units ([`push_bookings`]), in its
+/// parameters `$1` (the reservation), `$2` (the node), `$3`–`$4` (the window) and, from
+/// `$10`, its own `values`. Values go in parameters, not in the text, so that the statement
+/// is the same for every reservation of its shape.
+pub struct NodeCondition {
+    pub sql: String,
+    pub values: Vec<Value>,
+}
+
 /// Adds [`insert_bookings`]'s writes to `batch`; answers how many rows they change when
-/// every unit is still on the node (and `condition`, a condition in the parameters of the
-/// statement that books the units, holds).
+/// every unit is still on the node (and `condition` holds).
 pub fn push_bookings(
     batch: &mut Batch,
     r: &Reservation,
     (node_id, units): (&str, &[String]),
     provider_share_bps: u32,
     now: i64,
-    condition: Option<&str>,
+    condition: Option<&NodeCondition>,
 ) -> Vec<u64> {
     let start = r.start_ms.max(now);
+    let own = condition.map_or(&[][..], |c| &c.values[..]);
     // One statement for every unit, with the price of the tenant's offer (none: the pool's
     // owner books its own capacity) and what the unit is.
     let sql = format!(
@@ -550,8 +559,8 @@ pub fn push_bookings(
                 COALESCE((SELECT price_per_gpu_hour_minor FROM offers WHERE pool_id = $7 AND tenant_id = $8), 0),
                 u.model, u.device_class, $9
          FROM units u WHERE u.node_id = $2 AND u.id IN ({}){}",
-        crate::store::placeholders(10, units.len()),
-        condition.map(|c| format!(" AND {c}")).unwrap_or_default()
+        crate::store::placeholders(10 + own.len(), units.len()),
+        condition.map(|c| format!(" AND {}", c.sql)).unwrap_or_default()
     );
     let mut values: Vec<Value> = vec![
         (&r.id).into(),
@@ -564,6 +573,7 @@ pub fn push_bookings(
         (&r.tenant_id).into(),
         i64::from(provider_share_bps).into(),
     ];
+    values.extend(own.iter().cloned());
     values.extend(units.iter().map(Value::from));
     batch.push(&sql, values);
     let host = r.resources;
