@@ -8,7 +8,6 @@
 //! Those transactions all run on one connection of their own, whose page cache stays
 //! valid from one to the next (a connection drops its cache whenever another commits).
 
-use std::collections::HashSet;
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -273,8 +272,8 @@ pub struct Batch {
     statements: Vec<String>,
     values: Vec<Value>,
     postgres: bool,
-    /// Statements without parameters run first, uncounted ([`Batch::open_with`]).
-    opening: Option<String>,
+    /// A statement without parameters run first, uncounted ([`Batch::opening`]).
+    opening: Option<&'static str>,
     /// A scalar query read before the statements ([`Batch::execute_between`]).
     before: Option<String>,
 }
@@ -285,27 +284,6 @@ pub enum Value {
     Int(Option<i64>),
     Text(Option<String>),
     Bool(bool),
-}
-
-impl Value {
-    /// The PostgreSQL type it is bound as.
-    fn postgres_type(&self) -> &'static str {
-        match self {
-            Value::Int(_) => "bigint",
-            Value::Text(_) => "text",
-            Value::Bool(_) => "boolean",
-        }
-    }
-
-    /// It as a PostgreSQL literal, for a statement sent without parameters ([`literal`]).
-    fn postgres_literal(&self) -> String {
-        match self {
-            Value::Int(Some(v)) => v.to_string(),
-            Value::Text(Some(v)) => literal(v),
-            Value::Bool(v) => v.to_string(),
-            Value::Int(None) | Value::Text(None) => "NULL".to_string(),
-        }
-    }
 }
 
 impl From<i64> for Value {
@@ -374,11 +352,12 @@ impl Batch {
         }
     }
 
-    /// Runs `sql` (statements without parameters and without a count, such as
-    /// `SAVEPOINT`) before the batch's statements, in the same round trip. On PostgreSQL,
-    /// whose batch is one statement, only with [`Batch::execute_prepared_then`].
-    pub fn open_with(&mut self, sql: impl Into<String>) {
-        self.opening = Some(sql.into());
+    /// Runs `sql` (a statement without parameters and without a count, such as
+    /// `SAVEPOINT`) before the batch's statements, in the same round trip. SQLite only: a
+    /// PostgreSQL batch is one statement.
+    pub fn open_with(&mut self, sql: &'static str) {
+        assert!(!self.postgres, "a PostgreSQL batch is one statement");
+        self.opening = Some(sql);
     }
 
     /// Whether the batch runs on PostgreSQL (for statements written per dialect).
@@ -446,18 +425,31 @@ impl Batch {
         let sql = match (self.postgres, n, &read_sql) {
             (_, 0, None) if self.opening.is_none() => return Ok((Vec::new(), None)),
             // SQLite sums the changes of every statement; the opening one changes none.
-            (_, 1, None) => (self.opening.iter().map(String::as_str))
+            (_, 1, None) => (self.opening.iter().copied())
                 .chain([self.statements[0].as_str()])
                 .collect::<Vec<_>>()
                 .join(";\n"),
             // Each statement's count follows it (rows changed by the statement before).
-            (false, _, _) => (self.opening.iter().cloned())
+            (false, _, _) => (self.opening.iter().map(|s| s.to_string()))
                 .chain(self.before.clone())
                 .chain((self.statements.iter()).map(|s| format!("{s};\nSELECT changes()")))
                 .chain(read_sql.iter().map(|r| format!("SELECT {r}")))
                 .collect::<Vec<_>>()
                 .join(";\n"),
-            (true, _, _) => self.postgres_statement(read_sql.as_deref()),
+            // The parts run in the order the final select reads them.
+            (true, _, _) => {
+                let parts: Vec<String> = (self.statements.iter().enumerate())
+                    .map(|(i, s)| match s.starts_with("SELECT") {
+                        true => format!("s{i} AS ({s})"),
+                        false => format!("s{i} AS ({s} RETURNING 1)"),
+                    })
+                    .collect();
+                let columns: Vec<String> = (0..n)
+                    .map(|i| format!("CAST((SELECT COUNT(*) FROM s{i}) AS BIGINT)"))
+                    .chain(read_sql.clone())
+                    .collect();
+                format!("WITH {} SELECT {}", parts.join(", "), columns.join(", "))
+            }
         };
         let mut query = sqlx::query(&sql);
         for value in self.values {
@@ -472,116 +464,18 @@ impl Batch {
             return Ok(((n == 1).then_some(changed).into_iter().collect(), None));
         }
         let rows = query.fetch_all(conn).await?;
+        let value = |row: &sqlx::any::AnyRow, i: usize| sqlx::Row::get::<i64, _>(row, i);
         Ok(match self.postgres {
-            true => postgres_counts(&rows[0], n, read.is_some()),
+            true => (
+                (0..n).map(|i| value(&rows[0], i) as u64).collect(),
+                read.map(|_| value(&rows[0], n)),
+            ),
             false => (
-                rows[..n].iter().map(|row| count(row, 0) as u64).collect(),
-                read.map(|_| count(&rows[n], 0)),
+                rows[..n].iter().map(|row| value(row, 0) as u64).collect(),
+                read.map(|_| value(&rows[n], 0)),
             ),
         })
     }
-
-    /// The batch as one PostgreSQL statement: each part a `WITH` query, run in the order
-    /// the final select reads them, which answers each part's count and then `read`.
-    fn postgres_statement(&self, read: Option<&str>) -> String {
-        let parts: Vec<String> = (self.statements.iter().enumerate())
-            .map(|(i, s)| match s.starts_with("SELECT") {
-                true => format!("s{i} AS ({s})"),
-                false => format!("s{i} AS ({s} RETURNING 1)"),
-            })
-            .collect();
-        let columns: Vec<String> = (0..self.statements.len())
-            .map(|i| format!("CAST((SELECT COUNT(*) FROM s{i}) AS BIGINT)"))
-            .chain(read.map(str::to_string))
-            .collect();
-        format!("WITH {} SELECT {}", parts.join(", "), columns.join(", "))
-    }
-
-    /// Runs the batch as [`Batch::execute_then`] does, on PostgreSQL after its opening
-    /// statements ([`Batch::open_with`]) and in their round trip: the batch's statement is
-    /// prepared on the connection once (`PREPARE`, named for its text and parameter
-    /// types, and listed in `prepared`, the names prepared on `conn`: `None` when not
-    /// known) and run by `EXECUTE` with its parameters as literals. The round trip is one
-    /// query of several statements, each with a snapshot of its own, so the batch sees what
-    /// committed while an opening statement waited for a lock. On an error `prepared` is
-    /// forgotten (whether its `PREPARE` ran is not known), to be read again before the
-    /// next batch. A connection holding [`MAX_PREPARED`] batches runs a new one's opening
-    /// and statement in two round trips instead.
-    pub async fn execute_prepared_then(
-        mut self,
-        conn: &mut AnyConnection,
-        read: &str,
-        prepared: &mut Option<HashSet<String>>,
-    ) -> sqlx::Result<(Vec<u64>, i64)> {
-        assert!(self.postgres, "PREPARE is PostgreSQL's");
-        let names = match prepared.take() {
-            Some(names) => names,
-            None => prepared_on(conn).await?,
-        };
-        let n = self.statements.len();
-        let statement = self.postgres_statement(Some(&format!("CAST(({read}) AS BIGINT)")));
-        let types: Vec<&str> = self.values.iter().map(Value::postgres_type).collect();
-        let name = statement_name(&statement, &types);
-        if !names.contains(&name) && names.len() >= MAX_PREPARED {
-            // A connection holds a bounded number: the opening, then the batch, apart.
-            *prepared = Some(names);
-            if let Some(opening) = self.opening.take() {
-                conn.execute(sqlx::raw_sql(&opening)).await?;
-            }
-            let (counts, read) = self.run(conn, Some(read)).await?;
-            return Ok((counts, read.expect("asked for")));
-        }
-        let mut sql: Vec<String> = self.opening.into_iter().collect();
-        if !names.contains(&name) {
-            sql.push(format!(
-                "PREPARE {name} ({}) AS {statement}",
-                types.join(", ")
-            ));
-        }
-        let values: Vec<String> = self.values.iter().map(Value::postgres_literal).collect();
-        sql.push(format!("EXECUTE {name}({})", values.join(", ")));
-        let rows = conn.fetch_all(sqlx::raw_sql(&sql.join(";\n"))).await?;
-        let mut names = names;
-        names.insert(name);
-        *prepared = Some(names);
-        // The opening's rows come first; the batch's one row is the last.
-        let (counts, read) = postgres_counts(rows.last().expect("a batch answers a row"), n, true);
-        Ok((counts, read.expect("asked for")))
-    }
-}
-
-/// The names of the statements [`Batch::execute_prepared_then`] prepared on `conn`.
-async fn prepared_on(conn: &mut AnyConnection) -> sqlx::Result<HashSet<String>> {
-    let names: Vec<String> = sqlx::query_scalar(PREPARED).fetch_all(conn).await?;
-    Ok(names.into_iter().collect())
-}
-
-/// How many batches [`Batch::execute_prepared_then`] prepares on one connection at most
-/// (batches have a few shapes: their statements hold parameters, not values).
-const MAX_PREPARED: usize = 64;
-
-/// The names of the batches prepared on a connection.
-pub const PREPARED: &str =
-    "SELECT name FROM pg_prepared_statements WHERE starts_with(name, 'orl_batch_')";
-
-/// A name for `statement` with parameters of `types`, the same for the same statement.
-fn statement_name(statement: &str, types: &[&str]) -> String {
-    let mut hasher = std::hash::DefaultHasher::new();
-    std::hash::Hash::hash(&(statement, types), &mut hasher);
-    format!("orl_batch_{:016x}", std::hash::Hasher::finish(&hasher))
-}
-
-/// Column `i` of `row`, a count or a read.
-fn count(row: &sqlx::any::AnyRow, i: usize) -> i64 {
-    sqlx::Row::get::<i64, _>(row, i)
-}
-
-/// A PostgreSQL batch's answer: the counts of its `n` parts, then what it read, if asked.
-fn postgres_counts(row: &sqlx::any::AnyRow, n: usize, read: bool) -> (Vec<u64>, Option<i64>) {
-    (
-        (0..n).map(|i| count(row, i) as u64).collect(),
-        read.then(|| count(row, n)),
-    )
 }
 
 /// The options every pool starts from. A connection is not pinged before it is handed
@@ -738,7 +632,7 @@ fn redact(url: &str) -> String {
 mod tests {
     use sqlx::Row as _;
 
-    use super::{Store, Value, literal, renumber, statement_name};
+    use super::{Store, literal, renumber};
 
     /// `PRAGMA temp_store` on `conn`: 2 is `MEMORY`, 0 the build's default (a file).
     async fn temp_store(conn: &mut sqlx::AnyConnection) -> i64 {
@@ -770,26 +664,6 @@ mod tests {
         );
         assert_eq!(renumber("SELECT $1", 0), "SELECT $1");
         assert_eq!(renumber("x = '$' || $3$", 1), "x = '$' || $4$");
-    }
-
-    #[test]
-    fn a_prepared_batch_is_named_for_its_text_and_types_and_sent_its_values_as_literals() {
-        let values = [
-            Value::from(-5),
-            Value::from(None::<i64>),
-            Value::from(r"a'b\c"),
-            Value::from(None::<String>),
-            Value::from(false),
-        ];
-        let literals: Vec<String> = values.iter().map(Value::postgres_literal).collect();
-        assert_eq!(literals, ["-5", "NULL", r"E'a''b\\c'", "NULL", "false"]);
-        let types: Vec<&str> = values.iter().map(Value::postgres_type).collect();
-        assert_eq!(types, ["bigint", "bigint", "text", "text", "boolean"]);
-        let name = statement_name("SELECT $1", &["bigint"]);
-        assert!(name.starts_with("orl_batch_"), "{name}");
-        assert_eq!(name, statement_name("SELECT $1", &["bigint"]));
-        assert_ne!(name, statement_name("SELECT $1", &["text"]));
-        assert_ne!(name, statement_name("SELECT $1 ", &["bigint"]));
     }
 
     #[test]

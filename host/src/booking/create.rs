@@ -782,10 +782,6 @@ async fn write_placement(
     let backend = app.store.backend();
     let lock = place::lock_chosen(backend, pool, &decided, attempt);
     let draft = Draft::choose(backend, stored, &decided, attempt, lock.is_some());
-    // Nothing read before the batch: the locks go in its round trip.
-    let lock_in_batch = (draft == Draft::InsertedPlaced && terms.spent.is_none())
-        .then_some(lock.as_deref())
-        .flatten();
     let since = match draft {
         Draft::Stored => {
             writer.start().await?;
@@ -801,7 +797,7 @@ async fn write_placement(
             Some(app.capacity.since(tx).await?)
         }
         Draft::InBatch | Draft::InsertedPlaced => {
-            if let Some(lock) = lock.as_deref().filter(|_| lock_in_batch.is_none()) {
+            if let Some(lock) = &lock {
                 writer.start_with(lock).await?;
             }
             None
@@ -825,9 +821,7 @@ async fn write_placement(
             judge_spending(app, tx, (pool, at), now_spent).await?;
         }
     }
-    // The bookings written below start no earlier than this: read after the locks where
-    // they were taken apart, and otherwise before the round trip that takes them, where a
-    // booking that would meet one a lock's holder ended later is refused as an overlap.
+    // Read after the locks: the bookings written below start no earlier than this.
     let now = app.now_ms();
     // Place first, then charge: the rows every placement locks (node reservations, then
     // quota) are taken in the order a reclaim takes them, so the two never deadlock. The
@@ -888,23 +882,17 @@ async fn write_placement(
     let laying = place::laying(app, r, &preempted, now).await;
     // A booking loses to one the view had not seen (an overlap), or to a unit no longer on
     // its node (fewer rows).
+    writer.begin_in(&mut batch).await?;
+    let tx = writer.conn();
     let feed = app.capacity.since_sql();
-    let executed = match (since, lock_in_batch) {
-        (None, Some(lock)) => (writer.execute_locked(batch, lock, feed).await)
-            .map(|(rows, txid)| (rows, app.capacity.since_of(txid), txid)),
-        (since, _) => {
-            writer.begin_in(&mut batch).await?;
-            let tx = writer.conn();
-            match since {
-                Some(since) => {
-                    (batch.execute_then(tx, feed).await).map(|(rows, until)| (rows, since, until))
-                }
-                None if batch.sequential() => (batch.execute_between(tx, feed, feed).await)
-                    .map(|(rows, after, until)| (rows, app.capacity.since_of(after), until)),
-                None => (batch.execute_then(tx, feed).await)
-                    .map(|(rows, txid)| (rows, app.capacity.since_of(txid), txid)),
-            }
+    let executed = match since {
+        Some(since) => {
+            (batch.execute_then(tx, feed).await).map(|(rows, until)| (rows, since, until))
         }
+        None if batch.sequential() => (batch.execute_between(tx, feed, feed).await)
+            .map(|(rows, after, until)| (rows, app.capacity.since_of(after), until)),
+        None => (batch.execute_then(tx, feed).await)
+            .map(|(rows, txid)| (rows, app.capacity.since_of(txid), txid)),
     };
     let written = match executed {
         // The draft went in with the placement, and its id was taken meanwhile.
@@ -942,7 +930,6 @@ async fn write_placement(
         }
     };
     if let Some(resource) = store::unfitting(charged, &rows[1..]) {
-        let tx = writer.conn();
         return Err(quota_exceeded(tx, r, terms.charge, terms.limits, &resource).await?);
     }
     Ok(Written::Keep {

@@ -30,19 +30,18 @@
 //! commits cancels nothing. A member that goes away before it is done is rolled back to its
 //! savepoint, and the group goes on (or commits) without it.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use sqlx::{AnyConnection, Executor as _, Row as _};
+use sqlx::AnyConnection;
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::engine::Laying;
 use crate::capacity::{Edit, Since, View};
 use crate::metrics::WriteTurn;
-use crate::store::{Backend, Batch, Store, Tx};
+use crate::store::{Backend, Store, Tx};
 use crate::{Error, Result};
 
 /// The most creates one commit takes, so that the first of a group waits little.
@@ -73,8 +72,6 @@ type Outcome = Option<std::result::Result<(), String>>;
 /// A group's transaction and what its members lay onto the view once it commits.
 struct Open {
     tx: Tx,
-    /// The batches prepared on its connection (PostgreSQL; `None`: not known).
-    prepared: Option<HashSet<String>>,
     members: usize,
     since: Option<Since>,
     edits: Vec<Edit>,
@@ -145,18 +142,13 @@ impl Group {
         let open = member.guard.as_mut().expect("held");
         if open.is_none() {
             let mut tx = store.begin().await?;
-            let mut prepared = None;
             if store.backend() == Backend::Postgres {
                 // A member never waits long for a row another transaction holds: that one
                 // may be waiting for this group's locks, taken by the members before it.
-                // Read in the same round trip: the batches prepared on the connection.
-                let sql = format!("{LOCK_TIMEOUT};\n{}", crate::store::PREPARED);
-                let rows = tx.fetch_all(sqlx::raw_sql(&sql)).await?;
-                prepared = Some(rows.iter().map(|row| row.get::<String, _>(0)).collect());
+                execute(&mut tx, LOCK_TIMEOUT).await?;
             }
             **open = Some(Open {
                 tx,
-                prepared,
                 members: 0,
                 since: None,
                 edits: Vec::new(),
@@ -315,34 +307,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Runs `lock` (a statement without parameters that locks what `batch` checks), then
-    /// `batch` and `read` as [`Batch::execute_then`] does, beginning the writes unless they
-    /// were begun. On PostgreSQL a member sends all of it in one round trip
-    /// ([`Batch::execute_prepared_then`]), where the batch still reads after the locks.
-    pub(crate) async fn execute_locked(
-        &mut self,
-        mut batch: Batch,
-        lock: &str,
-        read: &str,
-    ) -> sqlx::Result<(Vec<u64>, i64)> {
-        let Writer::Member(member) = self else {
-            sqlx::Executor::execute(self.conn(), lock).await?;
-            return batch.execute_then(self.conn(), read).await;
-        };
-        let opening = match member.savepoint_due() {
-            Some(savepoint) => format!("{savepoint};\n{lock}"),
-            None => lock.to_string(),
-        };
-        batch.open_with(opening);
-        let open = member.open();
-        batch
-            .execute_prepared_then(&mut open.tx, read, &mut open.prepared)
-            .await
-    }
-
     /// Has `batch`, about to run, begin the writes unless they were begun: on SQLite in
     /// its round trip, on PostgreSQL (whose batch is one statement) in one before it.
-    pub(crate) async fn begin_in(&mut self, batch: &mut Batch) -> Result<()> {
+    pub(crate) async fn begin_in(&mut self, batch: &mut crate::store::Batch) -> Result<()> {
         if batch.postgres() {
             return self.start().await;
         }
