@@ -1507,7 +1507,7 @@ pub async fn load(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<NodeCa
 /// [`load`] for at most [`LOAD_BATCH`] ids (one query each for nodes, units, bookings,
 /// host bookings and claims).
 async fn load_batch(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<NodeCapacity>> {
-    // `IS TRUE`: what the partial indexes on live bookings say (migration `0020`).
+    // `IS TRUE`: what the partial indexes on live bookings say (`*_live_booking_indexes.sql`).
     let list = placeholders(1, ids.len());
     let mut bookings: HashMap<String, Vec<Booked>> = HashMap::new();
     let sql = format!(
