@@ -589,12 +589,11 @@ fn booked_host([node, id, end, start]: [&str; 4]) -> String {
 /// books no unit, which shows as a lost decision.
 fn node_room(want: HostBooking) -> store::NodeCondition {
     let (booked, host, values) = match want == HostBooking::default() {
-        true => (String::new(), String::new(), Vec::new()),
+        true => (String::new(), "", Vec::new()),
         false => (
             format!(", {}", booked_host(["$2", "$1", "$4", "$3"])),
             " AND b.vcpu + $10 <= n.host_vcpu AND b.memory_gib + $11 <= n.host_memory_gib
-              AND b.hugepages_1gi + $12 <= n.host_hugepages_1gi"
-                .to_string(),
+              AND b.hugepages_1gi + $12 <= n.host_hugepages_1gi",
             vec![
                 want.vcpu.into(),
                 want.memory_gib.into(),
