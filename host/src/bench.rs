@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use wasmtime_wasi::runtime::in_tokio;
 
 use crate::placer::{
     CandidateUnit, Candidates, DeviceAsk, DomainLoad, NativeDefault, NodeFacts, PlacementRequest,
-    Placer, PolicyClass,
+    PolicyClass,
 };
 use crate::policy::{PolicyHost, World};
 
@@ -192,8 +193,8 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
         // The component gets node facts as the server builds them, per call.
         let names = node_names(*count);
         let facts = |c: &Candidates| facts(&names, c);
-        let _ = NativeDefault.place(&stream[0], &nodes, &facts);
-        let _ = host.place(&component, &stream[0], &nodes, &facts, None, 60_000);
+        let _ = NativeDefault.decide(&stream[0], &nodes);
+        let _ = in_tokio(host.place(&component, &stream[0], &nodes, &facts, None, 60_000));
         let progress = crate::progress::bar(
             (stream.len() * args.rounds.max(1)) as u64,
             format!("{count} nodes"),
@@ -202,8 +203,8 @@ pub fn run(args: PlacementBench) -> anyhow::Result<()> {
         let (native, wasm) = measure(
             &stream,
             args.rounds.max(1),
-            |r| NativeDefault.place(r, &nodes, &facts).is_ok(),
-            |r| match host.place(&component, r, &nodes, &facts, None, 60_000) {
+            |r| NativeDefault.decide(r, &nodes).is_ok(),
+            |r| match in_tokio(host.place(&component, r, &nodes, &facts, None, 60_000)) {
                 Ok(Ok(_)) => true,
                 Ok(Err(reason)) => panic!("unschedulable: {reason}"),
                 Err(failure) => panic!("the component failed: {failure:?}"),

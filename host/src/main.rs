@@ -65,8 +65,8 @@ async fn main() -> std::process::ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "orl", &mut std::io::stdout());
             Ok(())
         }
-        // The bench drives plugin calls to completion on its own thread, as the server does
-        // inside `block_in_place`: never on an async task.
+        // The bench drives each plugin call to completion on its own thread, timing it
+        // alone: never on an async task.
         Command::Bench(BenchCommand::Placement(args)) => {
             match tokio::task::spawn_blocking(move || orl::bench::run(args)).await {
                 Ok(result) => result,

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use futures::future::BoxFuture;
 use serde::Serialize;
 use wasmtime::component::{ComponentType, Lower};
 
@@ -40,21 +41,27 @@ pub enum Refusal {
 /// Works out the names, regions and labels of the nodes of some candidates (WIT
 /// `node-facts`), for a policy that is given them (the booking engine's snapshot of a
 /// pool answers them for its nodes). Only called when the policy deciding reads them.
-pub type FactsOf<'a> = &'a dyn Fn(&Candidates) -> NodeFacts;
+pub type FactsOf<'a> = &'a (dyn Fn(&Candidates) -> NodeFacts + Sync);
+
+/// What a placer answers: the units chosen and who decided, or why not.
+pub type Placed = std::result::Result<(Choice, String), Refusal>;
 
 /// The seam every placement policy implements, natively or as a WebAssembly component.
+/// A decision is a future run on the caller's async worker: a WebAssembly policy gives the
+/// worker back at every epoch tick while it computes, and its deadline bounds the whole
+/// decision.
 pub trait Placer: Send + Sync {
     /// The policy's id, e.g. `sha256:…`.
     fn id(&self) -> String;
     /// Chooses units, and names who decided (recorded on the placement); or says why not.
     /// `facts` gives the candidate nodes' names, regions and labels to a policy that reads
     /// them.
-    fn place(
-        &self,
-        request: &PlacementRequest,
-        candidates: &Candidates,
-        facts: FactsOf<'_>,
-    ) -> std::result::Result<(Choice, String), Refusal>;
+    fn place<'a>(
+        &'a self,
+        request: &'a PlacementRequest,
+        candidates: &'a Candidates,
+        facts: FactsOf<'a>,
+    ) -> BoxFuture<'a, Placed>;
 }
 
 /// The default placement policy (NVLink-aware best fit) run natively: availability
@@ -62,20 +69,28 @@ pub trait Placer: Send + Sync {
 /// the fallback included.
 pub struct NativeDefault;
 
+impl NativeDefault {
+    /// The decision, made at once on the calling thread.
+    pub fn decide(&self, request: &PlacementRequest, candidates: &Candidates) -> Placed {
+        orl_placer_default::place(request, candidates)
+            .map(|choice| (choice, self.id()))
+            .map_err(|u| Refusal::Unschedulable(u.into_reason()))
+    }
+}
+
 impl Placer for NativeDefault {
     fn id(&self) -> String {
         "native:placer-default".into()
     }
 
-    fn place(
-        &self,
-        request: &PlacementRequest,
-        candidates: &Candidates,
-        _facts: FactsOf<'_>,
-    ) -> std::result::Result<(Choice, String), Refusal> {
-        orl_placer_default::place(request, candidates)
-            .map(|choice| (choice, self.id()))
-            .map_err(|u| Refusal::Unschedulable(u.into_reason()))
+    /// Ready at once: nothing to wait for.
+    fn place<'a>(
+        &'a self,
+        request: &'a PlacementRequest,
+        candidates: &'a Candidates,
+        _facts: FactsOf<'a>,
+    ) -> BoxFuture<'a, Placed> {
+        Box::pin(std::future::ready(self.decide(request, candidates)))
     }
 }
 
@@ -298,12 +313,10 @@ pub(crate) mod tests {
             vec![unit(0), unit(1), unit(1)],
             vec![unit(0), unit(0)],
         ]);
-        let (choice, _) = NativeDefault
-            .place(&ask(2, true), &nodes, &|_| NodeFacts::default())
-            .unwrap();
+        let (choice, _) = NativeDefault.decide(&ask(2, true), &nodes).unwrap();
         assert!(check_choice(&ask(2, true), &nodes, &choice).is_ok());
         assert!(matches!(
-            NativeDefault.place(&ask(3, true), &nodes, &|_| NodeFacts::default()),
+            NativeDefault.decide(&ask(3, true), &nodes),
             Err(Refusal::Unschedulable(_))
         ));
     }

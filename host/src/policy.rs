@@ -21,9 +21,9 @@
 //! in its own code meets the epoch check at every tick ([`EPOCH_TICK`]): past the deadline
 //! the epoch callback traps it, and before it the callback yields, so the timeout is
 //! checked even while the plugin computes. Either way the failure kind is `deadline` and
-//! the instance is dropped. The synchronous entry points ([`PolicyHost::place`], ...) drive
-//! that future to completion on the calling thread, which must not be an async task (the
-//! server calls them inside `block_in_place`).
+//! the instance is dropped. The entry points ([`PolicyHost::place`], ...) are that future,
+//! awaited on the caller's async worker: since a computing plugin yields at every tick, it
+//! never holds a worker for longer than a tick, and no decision needs a thread of its own.
 //!
 //! Whatever a plugin does, it fails only its own decision.
 
@@ -802,7 +802,7 @@ impl PolicyHost {
     /// deadline covers making the instance as well as the call, whatever the plugin does
     /// (see the module documentation). An instance that answered goes back to the idle
     /// set; one that failed is dropped.
-    fn run<D: Decision>(
+    async fn run<D: Decision>(
         &self,
         loaded: &Loaded,
         config: Option<&serde_json::Value>,
@@ -829,9 +829,7 @@ impl PolicyHost {
                 Err(err) => Err(failure(loaded, warm.store.data_mut(), &err, deadline_ms)),
             }
         };
-        let outcome =
-            wasmtime_wasi::runtime::in_tokio(async { tokio::time::timeout(deadline, work).await });
-        match outcome {
+        match tokio::time::timeout(deadline, work).await {
             Ok(Ok((mut warm, answer))) => {
                 warm.store.data_mut().end_call();
                 (self.idle.lock().expect("idle instances")).put(&loaded.id, &config_key, warm);
@@ -848,7 +846,7 @@ impl PolicyHost {
 
     /// Runs the placer `loaded`. `facts` is asked for the candidate nodes' names, regions
     /// and labels only when the plugin's version has them.
-    pub fn place(
+    pub async fn place(
         &self,
         loaded: &Loaded,
         request: &orl_placer_default::Request,
@@ -860,7 +858,7 @@ impl PolicyHost {
         let req = placer::request_to_wit(request);
         let facts = facts_for(loaded, candidates, facts);
         let candidates = placer::CandidatesRef::of(candidates, &facts);
-        let answer = self.run(loaded, config, deadline_ms, Place(&req, &candidates))?;
+        let answer = (self.run(loaded, config, deadline_ms, Place(&req, &candidates))).await?;
         Ok(answer.map(|p| orl_placer_default::Placement {
             node: p.node,
             units: p.units,
@@ -870,7 +868,7 @@ impl PolicyHost {
     /// Runs the preemptor `loaded`: the indices of the spot bookings to
     /// terminate, or why nothing can make room.
     #[allow(clippy::too_many_arguments)] // the call's inputs, then how to run it
-    pub fn preempt(
+    pub async fn preempt(
         &self,
         loaded: &Loaded,
         request: &orl_placer_default::Request,
@@ -890,10 +888,11 @@ impl PolicyHost {
             deadline_ms,
             ChooseVictims(&req, &candidates, &spot),
         )
+        .await
     }
 
     /// Runs the spend-guard `loaded`: `Ok(Ok(()))` allows the charge.
-    pub fn spend(
+    pub async fn spend(
         &self,
         loaded: &Loaded,
         charge: &orl_spend_guard_default::Charge,
@@ -912,7 +911,7 @@ impl PolicyHost {
             spent_minor: budget.spent_minor,
             committed_minor: budget.committed_minor,
         };
-        self.run(loaded, config, deadline_ms, Decide(charge, budget))
+        (self.run(loaded, config, deadline_ms, Decide(charge, budget))).await
     }
 }
 
@@ -1021,14 +1020,14 @@ fn trap_message(err: &wasmtime::Error) -> String {
 }
 
 /// One call of a world's export on a bound instance.
-trait Decision {
-    type Answer;
+trait Decision: Send {
+    type Answer: Send;
 
-    async fn call(
+    fn call(
         self,
         store: &mut Store<PluginState>,
         bound: &Bound,
-    ) -> wasmtime::Result<Self::Answer>;
+    ) -> impl std::future::Future<Output = wasmtime::Result<Self::Answer>> + Send;
 }
 
 /// The placer's `place`.

@@ -29,13 +29,14 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 
+use futures::FutureExt as _;
 use serde::{Deserialize, Serialize};
 
 use super::placement::{ByShape, Census, Snapshot, held_until};
 use super::store::{Member, Reservation};
 use super::{CreateRequest, DeviceRequest, Duration, Gang, Resources, Topology};
 use crate::capacity::{NodeCapacity, Nodes, PoolList};
-use crate::placer::{NativeDefault, Placer as _};
+use crate::placer::NativeDefault;
 use crate::{Error, Result};
 
 /// How many node reads one search may make.
@@ -249,7 +250,7 @@ fn fits_alone(node: &Arc<NodeCapacity>, search: &Search<'_>, start: i64) -> Opti
         return None;
     }
     let (choice, _) = NativeDefault
-        .place(&offer.request, &offer.candidates, &|c| snapshot.facts(c))
+        .decide(&offer.request, &offer.candidates)
         .ok()?;
     let units = &node.node.units;
     let chosen = (choice.units.iter())
@@ -373,7 +374,10 @@ fn gang_at(nodes: &PoolList, search: &Search<'_>, start: i64) -> Option<super::p
         smallest_share: nodes.smallest_share,
     };
     let snapshot = Snapshot::of(pool, None, start, start + search.duration_ms, search.now);
+    // The native default answers at once: the future is ready when first polled.
     super::gang::decide(&NativeDefault, search.r, &snapshot)
+        .now_or_never()
+        .expect("the native default decides without waiting")
         .ok()?
         .ok()
 }

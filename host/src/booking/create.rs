@@ -518,12 +518,11 @@ pub(super) async fn judge_spending(
     let Spending { charge, budget } = spending;
     let world = crate::policy::World::SpendGuard;
     let guard = crate::policy::assignment::resolve(app, conn, at, &pool.id, world).await?;
-    let decide = |loaded: &crate::policy::Loaded, config: Option<&serde_json::Value>| {
+    let decide = async |loaded: &crate::policy::Loaded, config: Option<&serde_json::Value>| {
         let started = std::time::Instant::now();
-        let outcome = tokio::task::block_in_place(|| {
-            app.policy
-                .spend(loaded, charge, budget, config, guard.deadline_ms)
-        });
+        let outcome = (app.policy)
+            .spend(loaded, charge, budget, config, guard.deadline_ms)
+            .await;
         let label = match &outcome {
             Ok(Ok(())) => "allowed",
             Ok(Err(_)) => "refused",
@@ -540,12 +539,12 @@ pub(super) async fn judge_spending(
         outcome
     };
     // On a failure with `fallback`, the built-in component decides (with no config).
-    let outcome = match decide(&guard.loaded, guard.config.as_ref()) {
+    let outcome = match decide(&guard.loaded, guard.config.as_ref()).await {
         Err(failure) if guard.fallback => {
             tracing::warn!(plugin = %failure.plugin_id, kind = failure.kind.as_str(), message = %failure.message, "spend-guard plugin failed; using the built-in default");
             let default = (app.policy.default_for(world))
                 .ok_or_else(|| anyhow::anyhow!("no built-in spend-guard"))?;
-            decide(&default, None)
+            decide(&default, None).await
         }
         outcome => outcome,
     };

@@ -107,7 +107,7 @@ pub fn restrict(
 /// Decides where every member of the gang `r` asks for goes on `snapshot`; or why it
 /// does not fit, with the pool's census for one member. Nothing is written: the members
 /// are booked together ([`super::place::book`]).
-pub(super) fn decide(
+pub(super) async fn decide(
     placer: &dyn Placer,
     r: &Reservation,
     snapshot: &Snapshot,
@@ -161,9 +161,8 @@ pub(super) fn decide(
                 why = "no other node has room".into();
                 break;
             }
-            let decision = tokio::task::block_in_place(|| {
-                placer.place(&offer.request, &candidates, &|c| snapshot.facts(c))
-            });
+            let facts = |c: &Candidates| snapshot.facts(c);
+            let decision = (placer.place(&offer.request, &candidates, &facts)).await;
             let (choice, decided_by) = match decision {
                 Ok(decision) => decision,
                 Err(Refusal::Unschedulable(message)) => {

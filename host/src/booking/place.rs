@@ -28,7 +28,7 @@ use super::store::{self, Member, Reservation};
 use super::{HostBooking, State};
 use crate::capacity::{Assumed, Assumption, Change};
 use crate::condition::Condition;
-use crate::placer::{Failure, FailureKind, Placer, Refusal, check_choice};
+use crate::placer::{Candidates, Failure, FailureKind, Placer, Refusal, check_choice};
 use crate::pools::PlacerMode;
 use crate::pools::store::Pool;
 use crate::settings::Version;
@@ -206,9 +206,9 @@ pub(super) async fn decide_on(
 ) -> Result<Decided> {
     let placer = crate::policy::assignment::placer_for(app, conn, at, pool).await?;
     let decided = if r.request.gang.is_some() {
-        super::gang::decide(placer.as_ref(), r, snapshot)?
+        super::gang::decide(placer.as_ref(), r, snapshot).await?
     } else {
-        decide_one(placer.as_ref(), r, snapshot)?
+        decide_one(placer.as_ref(), r, snapshot).await?
     };
     Ok(match decided {
         Ok(chosen) => Decided::Chosen(chosen),
@@ -227,17 +227,15 @@ pub(super) async fn decide_on(
 /// One node for `r`: the placer's answer, checked against what it was offered; or why
 /// it does not fit. The placer is offered the first [`CANDIDATE_NODES`] candidate nodes
 /// from where the pool's last decision stopped, and all of them only if it refuses those.
-fn decide_one(
+async fn decide_one(
     placer: &dyn Placer,
     r: &Reservation,
     snapshot: &Snapshot,
 ) -> Result<std::result::Result<Chosen, (String, Option<Census>)>> {
     let mut offer = snapshot.candidates(r, false, Some(CANDIDATE_NODES));
-    // A decision is CPU work bounded by the plugin's deadline; keep it off the async workers.
     let (choice, decided_by) = loop {
-        match tokio::task::block_in_place(|| {
-            placer.place(&offer.request, &offer.candidates, &|c| snapshot.facts(c))
-        }) {
+        let facts = |c: &Candidates| snapshot.facts(c);
+        match (placer.place(&offer.request, &offer.candidates, &facts)).await {
             Ok(decision) => break decision,
             Err(Refusal::Unschedulable(_)) if offer.partial => {
                 offer = snapshot.candidates(r, false, None);

@@ -94,19 +94,18 @@ pub(super) async fn victims(
         return Ok(None);
     }
     let preemptor = assignment::resolve(app, conn, at, &pool.id, World::Preemptor).await?;
-    let decide = |loaded: &crate::policy::Loaded| {
+    let decide = async |loaded: &crate::policy::Loaded| {
         let started = std::time::Instant::now();
-        let outcome = tokio::task::block_in_place(|| {
-            app.policy.preempt(
-                loaded,
-                &offer.request,
-                &offer.candidates,
-                &|c| snapshot.facts(c),
-                &offer.spot,
-                preemptor.config.as_ref(),
-                preemptor.deadline_ms,
-            )
-        })
+        let outcome = (app.policy.preempt(
+            loaded,
+            &offer.request,
+            &offer.candidates,
+            &|c| snapshot.facts(c),
+            &offer.spot,
+            preemptor.config.as_ref(),
+            preemptor.deadline_ms,
+        ))
+        .await
         .and_then(|answer| match answer {
             Ok(ids) => check_victims(&offer, &ids)
                 .map(|()| Ok(ids))
@@ -132,7 +131,7 @@ pub(super) async fn victims(
             .observe_decision(&loaded.id, "preemptor", label, seconds);
         outcome
     };
-    let (victims, decided_by) = match decide(&preemptor.loaded) {
+    let (victims, decided_by) = match decide(&preemptor.loaded).await {
         Ok(answer) => (answer, preemptor.loaded.id.clone()),
         Err(failure) if preemptor.fallback => {
             tracing::warn!(plugin = %failure.plugin_id, kind = failure.kind.as_str(), message = %failure.message, "preemption plugin failed; using the built-in default");
@@ -141,7 +140,7 @@ pub(super) async fn victims(
                 .default_for(World::Preemptor)
                 .ok_or_else(|| anyhow::anyhow!("no built-in preemptor"))?;
             (
-                decide(&default).map_err(Error::PolicyFailed)?,
+                decide(&default).await.map_err(Error::PolicyFailed)?,
                 default.id.clone(),
             )
         }

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow, bail};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use wasmtime_wasi::runtime::in_tokio;
 
 use crate::booking::CreateRequest;
 use crate::booking::placement::{Candidacy, Snapshot};
@@ -421,14 +422,14 @@ fn place(
     let offer = pool.snapshot.candidates(&pool.reservation, false, None);
     let before = last_line(host, &loaded.id);
     let started = Instant::now();
-    let answer = host.place(
+    let answer = in_tokio(host.place(
         loaded,
         &offer.request,
         &offer.candidates,
         &|c| pool.snapshot.facts(c),
         config,
         deadline_ms,
-    );
+    ));
     let took = started.elapsed();
     let mut outcome = Outcome {
         took,
@@ -512,7 +513,7 @@ fn preempt(
     }
     let before = last_line(host, &loaded.id);
     let started = Instant::now();
-    let answer = host.preempt(
+    let answer = in_tokio(host.preempt(
         loaded,
         &offer.request,
         &offer.candidates,
@@ -520,7 +521,7 @@ fn preempt(
         &offer.spot,
         config,
         deadline_ms,
-    );
+    ));
     outcome.took = started.elapsed();
     outcome.log = lines_after(host, &loaded.id, before);
     let victims = match answer {
@@ -599,7 +600,7 @@ fn spend(
     };
     let before = last_line(host, &loaded.id);
     let started = Instant::now();
-    let answer = host.spend(loaded, &charge, &budget, config, deadline_ms);
+    let answer = in_tokio(host.spend(loaded, &charge, &budget, config, deadline_ms));
     let took = started.elapsed();
     let mut outcome = Outcome {
         took,
@@ -724,8 +725,8 @@ fn as_json(plugin: &Loaded, name: &str, outcomes: &[Outcome]) -> Value {
     })
 }
 
-/// `orl plugins test`: runs on the calling thread (never an async task: plugin calls are
-/// driven to completion on it). Fails when any answer is invalid or the plugin failed.
+/// `orl plugins test`: runs on the calling thread (never an async task: each plugin call is
+/// driven to completion on it with [`in_tokio`]). Fails when any answer is invalid or the plugin failed.
 pub fn run(args: TestArgs, json: bool) -> anyhow::Result<()> {
     let mut scenarios = if args.only_scenario {
         Vec::new()

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use serde_json::Value;
 use wasmtime::component::{ComponentType, Lower};
 
@@ -10,7 +11,7 @@ use super::bindings::placer::orl::policy::types as wit;
 use super::{Loaded, PolicyHost};
 use crate::metrics::Metrics;
 use crate::placer::{
-    Candidates, Choice, FactsOf, Failure, FailureKind, NodeFacts, PlacementRequest, Placer,
+    Candidates, Choice, FactsOf, Failure, FailureKind, NodeFacts, Placed, PlacementRequest, Placer,
     PolicyClass, Refusal, SpotCandidate, check_choice,
 };
 
@@ -28,7 +29,7 @@ pub struct WasmPlacer {
 
 impl WasmPlacer {
     /// Runs the placer `loaded` and checks its answer, counting the decision.
-    fn decide(
+    async fn decide(
         &self,
         loaded: &Loaded,
         config: Option<&Value>,
@@ -40,6 +41,7 @@ impl WasmPlacer {
         let outcome = self
             .host
             .place(loaded, request, candidates, facts, config, self.deadline_ms)
+            .await
             .and_then(|answer| match answer {
                 Ok(choice) => check_choice(request, candidates, &choice)
                     .map(|()| Ok(choice))
@@ -76,27 +78,29 @@ impl Placer for WasmPlacer {
     /// The pool's plugin decides; when it fails and the pool says `fallback`, the built-in
     /// default (the same WebAssembly component a pool without a placer runs, with no
     /// config) decides instead, and the placement names it.
-    fn place(
-        &self,
-        request: &PlacementRequest,
-        candidates: &Candidates,
-        facts: FactsOf<'_>,
-    ) -> Result<(Choice, String), Refusal> {
-        let config = self.config.as_ref();
-        let decided = self.decide(&self.loaded, config, request, candidates, facts);
-        let (outcome, decided_by) = match decided {
-            Err(_) if self.fallback => {
-                let default = self.host.default_placer();
-                let outcome = self.decide(&default, None, request, candidates, facts);
-                (outcome, default.id.clone())
+    fn place<'a>(
+        &'a self,
+        request: &'a PlacementRequest,
+        candidates: &'a Candidates,
+        facts: FactsOf<'a>,
+    ) -> BoxFuture<'a, Placed> {
+        Box::pin(async move {
+            let config = self.config.as_ref();
+            let decided = (self.decide(&self.loaded, config, request, candidates, facts)).await;
+            let (outcome, decided_by) = match decided {
+                Err(_) if self.fallback => {
+                    let default = self.host.default_placer();
+                    let outcome = (self.decide(&default, None, request, candidates, facts)).await;
+                    (outcome, default.id.clone())
+                }
+                outcome => (outcome, self.loaded.id.clone()),
+            };
+            match outcome {
+                Ok(Ok(choice)) => Ok((choice, decided_by)),
+                Ok(Err(reason)) => Err(Refusal::Unschedulable(reason.chars().take(500).collect())),
+                Err(failure) => Err(Refusal::Failed(failure)),
             }
-            outcome => (outcome, self.loaded.id.clone()),
-        };
-        match outcome {
-            Ok(Ok(choice)) => Ok((choice, decided_by)),
-            Ok(Err(reason)) => Err(Refusal::Unschedulable(reason.chars().take(500).collect())),
-            Err(failure) => Err(Refusal::Failed(failure)),
-        }
+        })
     }
 }
 
