@@ -32,6 +32,8 @@ pub struct App {
     pub settings: crate::settings::Settings,
     /// This process's id among the replicas serving the database ([`crate::replicas`]).
     pub replica: String,
+    /// The API keys this replica has authenticated ([`crate::iam::key_cache`]).
+    pub keys: Arc<crate::iam::key_cache::KeyCache>,
 }
 
 impl App {
@@ -53,6 +55,7 @@ impl App {
             capacity,
             settings: crate::settings::Settings::default(),
             replica,
+            keys: crate::iam::key_cache::KeyCache::new(&store),
             store,
             clock,
             metrics,

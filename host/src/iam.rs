@@ -2,6 +2,7 @@
 //! who may not see a resource is told it does not exist (404, never 403).
 
 pub mod confirmations;
+pub mod key_cache;
 pub mod keys;
 pub mod orgs;
 pub mod policy;

@@ -3,10 +3,14 @@ use serde_json::json;
 
 use crate::support::{Db, Server, assert_error, on_both_databases};
 
+/// How long another replica may go on accepting a key revoked through one.
+const REVOCATION_REACHES_REPLICAS: std::time::Duration = std::time::Duration::from_secs(1);
+
 on_both_databases!(
     a_created_key_shows_its_secret_once_and_authenticates,
     a_key_with_explicit_permissions_holds_exactly_those,
     a_revoked_key_stops_authenticating_at_once,
+    a_key_revoked_through_one_replica_stops_on_the_others,
     a_key_cannot_grant_what_it_does_not_hold,
     an_agent_key_only_creates_agent_keys,
     role_and_permissions_together_are_refused,
@@ -113,6 +117,62 @@ async fn a_revoked_key_stops_authenticating_at_once(db: Db) {
         .delete("/v1/orgs/acme/api-keys/key_nope")
         .await;
     assert_error(status, &body, StatusCode::NOT_FOUND, "NOT_FOUND");
+}
+
+/// Replicas keep the keys they authenticated in memory; a revocation through one reaches
+/// the others (PostgreSQL), and the revoking one refuses the key at once (both databases).
+async fn a_key_revoked_through_one_replica_stops_on_the_others(db: Db) {
+    let server = Server::start(db).await;
+    let member = server.org_with_key("acme", "member").await;
+    let replica = match db {
+        Db::Postgres => Some(server.replica().await),
+        Db::Sqlite => None,
+    };
+    // Each replica has authenticated the key, and holds it.
+    for _ in 0..2 {
+        assert_eq!(member.get("/v1/orgs/acme").await.0, StatusCode::OK);
+        if let Some(replica) = &replica {
+            assert_eq!(
+                member.on(replica).get("/v1/orgs/acme").await.0,
+                StatusCode::OK
+            );
+        }
+    }
+    let (_, list) = server.admin().get("/v1/orgs/acme/api-keys").await;
+    let id = list["items"][0]["id"].as_str().unwrap();
+    let (status, _) = server
+        .admin()
+        .delete(&format!("/v1/orgs/acme/api-keys/{id}"))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = member.get("/v1/orgs/acme").await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
+    let Some(replica) = replica else { return };
+    let revoked = std::time::Instant::now();
+    loop {
+        let (status, body) = member.on(&replica).get("/v1/orgs/acme").await;
+        if status == StatusCode::UNAUTHORIZED {
+            assert_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
+            break;
+        }
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            revoked.elapsed() < REVOCATION_REACHES_REPLICAS,
+            "the other replica still accepts the revoked key"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A key created after the revocation authenticates on both.
+    let other = server.key_in("acme", json!({ "role": "member" })).await;
+    assert_eq!(
+        server
+            .as_key(&other)
+            .on(&replica)
+            .get("/v1/orgs/acme")
+            .await
+            .0,
+        StatusCode::OK
+    );
 }
 
 async fn a_key_cannot_grant_what_it_does_not_hold(db: Db) {

@@ -335,7 +335,7 @@ impl FromRequestParts<Arc<App>> for Principal {
         let secret = header.to_str().ok().and_then(bearer_token).ok_or_else(|| {
             Error::Unauthenticated("Authorization must be Bearer <API key>".into())
         })?;
-        keys::authenticate(app.store.pool(), secret)
+        keys::authenticate(app, secret)
             .await?
             .ok_or_else(|| Error::Unauthenticated("unknown or revoked API key".into()))
     }

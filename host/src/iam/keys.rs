@@ -10,9 +10,10 @@ use sqlx::{AnyConnection, AnyPool, Row as _};
 use crate::App;
 use crate::audit::{self, Entry};
 use crate::clock::format_ms;
+use crate::iam::key_cache::{self, Lookup};
 use crate::iam::{Permission, Principal, Role, parse_permissions};
 use crate::ids::{hash_secret, new_id, new_secret};
-use crate::store::{flag, is_unique_violation, json_strings, to_json};
+use crate::store::{Backend, flag, is_unique_violation, json_strings, to_json};
 use crate::validation;
 use crate::{Error, Result};
 
@@ -325,30 +326,46 @@ pub async fn revoke(app: &App, caller: &Principal, org_id: &str, key_id: &str) -
         details: None,
     };
     audit::record(&mut tx, caller, entry, now).await?;
+    if app.store.backend() == Backend::Postgres {
+        // Every replica's key cache hears of it at commit.
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(key_cache::CHANNEL)
+            .bind(key_id)
+            .execute(&mut **tx)
+            .await?;
+    }
     tx.commit().await?;
+    app.keys.forget(key_id);
     Ok(())
 }
 
-/// The principal a bearer secret stands for, if it is a live key.
-pub async fn authenticate(pool: &AnyPool, secret: &str) -> Result<Option<Principal>> {
+/// The principal a bearer secret stands for, if it is a live key: from this replica's
+/// [`KeyCache`](key_cache::KeyCache), else read from the database (and kept).
+pub async fn authenticate(app: &App, secret: &str) -> Result<Option<Principal>> {
     if !(secret.starts_with("or_") || secret.starts_with("vl_")) {
         return Ok(None);
     }
+    let digest = hash_secret(secret);
+    let generation = match app.keys.get(&digest) {
+        Lookup::Known(principal) => return Ok(Some(principal)),
+        Lookup::Unknown(generation) => generation,
+    };
     let row = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM api_keys WHERE secret_hash = $1 AND revoked_at IS NULL"
     ))
-    .bind(hash_secret(secret))
-    .fetch_optional(pool)
+    .bind(&digest)
+    .fetch_optional(app.store.pool())
     .await?;
-    Ok(row.map(|r| {
-        let (key, permissions) = from_row(&r);
-        Principal {
-            key_id: key.id,
-            org_id: key.org_id,
-            permissions,
-            agent: key.agent,
-        }
-    }))
+    let Some(row) = row else { return Ok(None) };
+    let (key, permissions) = from_row(&row);
+    let principal = Principal {
+        key_id: key.id,
+        org_id: key.org_id,
+        permissions,
+        agent: key.agent,
+    };
+    app.keys.keep(digest, principal.clone(), generation);
+    Ok(Some(principal))
 }
 
 /// Whether the key with `key_id` still authenticates (it exists and is not revoked). A
