@@ -92,17 +92,23 @@ async fn a_key_with_explicit_permissions_holds_exactly_those(db: Db) {
     );
 }
 
-async fn a_revoked_key_stops_authenticating_at_once(db: Db) {
-    let server = Server::start(db).await;
-    let member = server.org_with_key("acme", "member").await;
-    assert_eq!(member.get("/v1/orgs/acme").await.0, StatusCode::OK);
+/// Revokes acme's one key (as the ops admin); answers its id.
+async fn revoke_the_acme_key(server: &Server) -> String {
     let (_, list) = server.admin().get("/v1/orgs/acme/api-keys").await;
-    let id = list["items"][0]["id"].as_str().unwrap();
+    let id = list["items"][0]["id"].as_str().unwrap().to_string();
     let (status, _) = server
         .admin()
         .delete(&format!("/v1/orgs/acme/api-keys/{id}"))
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
+    id
+}
+
+async fn a_revoked_key_stops_authenticating_at_once(db: Db) {
+    let server = Server::start(db).await;
+    let member = server.org_with_key("acme", "member").await;
+    assert_eq!(member.get("/v1/orgs/acme").await.0, StatusCode::OK);
+    let id = revoke_the_acme_key(&server).await;
     let (status, body) = member.get("/v1/orgs/acme").await;
     assert_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
     let (_, list) = server.admin().get("/v1/orgs/acme/api-keys").await;
@@ -138,13 +144,7 @@ async fn a_key_revoked_through_one_replica_stops_on_the_others(db: Db) {
             );
         }
     }
-    let (_, list) = server.admin().get("/v1/orgs/acme/api-keys").await;
-    let id = list["items"][0]["id"].as_str().unwrap();
-    let (status, _) = server
-        .admin()
-        .delete(&format!("/v1/orgs/acme/api-keys/{id}"))
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    revoke_the_acme_key(&server).await;
     let (status, body) = member.get("/v1/orgs/acme").await;
     assert_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
     let Some(replica) = replica else { return };
