@@ -2,9 +2,9 @@
 //! its caller's key from the database.
 //!
 //! **A revoked key is never served from here.** The replica that revokes a key forgets it
-//! as the revocation commits. On PostgreSQL the revoking transaction also announces the key
-//! on channel [`CHANNEL`] (delivered at commit, and only if it commits), and every replica
-//! listens there and forgets it: another replica refuses the key as soon as the
+//! as the revocation commits. On PostgreSQL a trigger announces every revoked or removed
+//! key on channel [`CHANNEL`] (migration `0021`; delivered at commit, and only if it
+//! commits), however it was revoked, and every replica listens there and forgets it: another replica refuses the key as soon as the
 //! announcement arrives, milliseconds after the commit. A replica that is not listening
 //! (starting, or its listening connection lost, when announcements may have been missed)
 //! keeps no key and reads every one from the database; once it listens again it starts
@@ -24,7 +24,7 @@ use crate::iam::Principal;
 use crate::store::{Backend, Store};
 
 /// The channel a revocation is announced on, with the key's id.
-pub const CHANNEL: &str = "orl_keys";
+const CHANNEL: &str = "orl_keys";
 /// The most keys held at once.
 pub const MAX_KEYS: usize = 10_000;
 

@@ -10,10 +10,10 @@ use sqlx::{AnyConnection, AnyPool, Row as _};
 use crate::App;
 use crate::audit::{self, Entry};
 use crate::clock::format_ms;
-use crate::iam::key_cache::{self, Lookup};
+use crate::iam::key_cache::Lookup;
 use crate::iam::{Permission, Principal, Role, parse_permissions};
 use crate::ids::{hash_secret, new_id, new_secret};
-use crate::store::{Backend, flag, is_unique_violation, json_strings, to_json};
+use crate::store::{flag, is_unique_violation, json_strings, to_json};
 use crate::validation;
 use crate::{Error, Result};
 
@@ -326,14 +326,7 @@ pub async fn revoke(app: &App, caller: &Principal, org_id: &str, key_id: &str) -
         details: None,
     };
     audit::record(&mut tx, caller, entry, now).await?;
-    if app.store.backend() == Backend::Postgres {
-        // Every replica's key cache hears of it at commit.
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(key_cache::CHANNEL)
-            .bind(key_id)
-            .execute(&mut **tx)
-            .await?;
-    }
+    // On PostgreSQL a trigger announces the revocation to every replica's key cache.
     tx.commit().await?;
     app.keys.forget(key_id);
     Ok(())
